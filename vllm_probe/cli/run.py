@@ -1,0 +1,36 @@
+"""``vllm-probe run [--settings FILE] [--out DIR] [--live] -- COMMAND [ARGS...]``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..launcher import LaunchError, resolve_command, run_foreground
+from ..settings import load_settings
+from . import CliError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--settings", metavar="FILE",
+                   help="settings.json (or .yaml/.toml) whose scheduler_probe flags choose the events")
+    p.add_argument("--out", metavar="DIR",
+                   help="run directory to create (default: a new one under ./vllm-probe-runs/)")
+    p.add_argument("--live", action="store_true",
+                   help="show the live dashboard; the command's output goes to command.log")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                   help="the command that starts vLLM")
+
+
+def main(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    settings = load_settings(args.settings)  # errors before anything starts
+    try:
+        resolve_command(command)
+        if args.live:
+            from ..live import run_live
+
+            return run_live(command, settings, args.out)
+        return run_foreground(command, settings, args.out)
+    except LaunchError as e:
+        raise CliError(str(e), e.code) from None

@@ -1,0 +1,152 @@
+"""Everything that depends on the vLLM release, in one place.
+
+The probe reads vLLM's V1 scheduler (``vllm/v1/core/sched/scheduler.py``). Its private
+methods and attributes change between releases; each difference the probe cares about
+is one entry below, with the release that introduced it. Written for the V1 scheduler
+of 0.12 and later (``_preempt_request`` exists from 0.12); checked end to end on 0.32.
+
+Differences handled (release → change):
+
+* 0.12: ``Scheduler._preempt_request(request, timestamp)`` appears; before it,
+  preemption is inline in ``schedule()`` and releases < 0.12 are refused.
+* 0.12: ``Request.num_preemptions`` appears (read with a fallback of None).
+* 0.24: ``schedule(self, throttle_prefills=False)`` — the wrapper passes ``*args`` on.
+* 0.27: ``_preempt_request(..., drop_stale_output=False)`` — passed on as well.
+* 0.32: ``Scheduler.max_num_scheduled_tokens`` may differ from
+  ``max_num_batched_tokens``; ``kv_holding_waiting`` requests count as waiting
+  (``get_request_counts``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+#: Oldest release whose scheduler layout the probe supports.
+MIN_SUPPORTED = (0, 12)
+#: Releases whose real scheduler the test-suite drives (see docs/compatibility.md).
+TESTED = {(0, 32)}
+
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+SCHEDULER_CLASS = "Scheduler"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A scheduler method the probe wraps.
+
+    ``params`` are the leading parameter names (after ``self``) the wrapper relies on;
+    a release whose method lacks them gets a warning and this hook is skipped.
+    ``required``: without it the probe patches nothing at all.
+    """
+
+    hook: str
+    method: str
+    params: tuple[str, ...]
+    required: bool
+    why: str
+
+
+TARGETS: tuple[Target, ...] = (
+    Target("engine_config", "__init__", ("vllm_config", "kv_cache_config"), True,
+           "attach per-scheduler state and emit engine_config"),
+    Target("step", "schedule", (), True,
+           "one step event per call, schedule() time"),
+    Target("chunk", "_update_after_schedule", ("scheduler_output",), False,
+           "prefill-chunk boundary: num_computed_tokens advances here (0.9.2+)"),
+    Target("preempt", "_preempt_request", ("request",), False,
+           "preemption path (0.12+)"),
+    Target("request_added", "add_request", ("request",), False,
+           "request arrival"),
+    Target("request_finished", "_free_request", ("request",), False,
+           "request leaves the scheduler"),
+)
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """``"0.32.0"`` → ``(0, 32)``; unparseable → ``(0, 0)``."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 2:
+        parts.append(0)
+    return parts[0], parts[1]
+
+
+def signature_problem(func: Any, params: tuple[str, ...]) -> str | None:
+    """Why ``func`` does not fit a wrapper expecting ``params`` after ``self``, or None."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return "signature cannot be inspected"
+    names = [p.name for p in sig.parameters.values()
+             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if names[:1] == ["self"]:
+        names = names[1:]
+    if tuple(names[: len(params)]) != params:
+        return f"expected parameters ({', '.join(params)}), found ({', '.join(names)})"
+    return None
+
+
+# -- readers: one place for attributes that moved between releases ---------------------
+
+
+def token_budget(sched: Any) -> int:
+    """The per-step token budget (0.32: ``max_num_scheduled_tokens``)."""
+    budget = getattr(sched, "max_num_scheduled_tokens", None)
+    if budget is None:
+        budget = sched.scheduler_config.max_num_batched_tokens
+    return budget
+
+
+def queue_lengths_reader(sched: Any):
+    """Return a function ``sched -> (running, waiting)`` chosen once per scheduler.
+
+    0.32 keeps requests that hold KV blocks while they wait in ``kv_holding_waiting``;
+    they count as waiting, as in vLLM's own ``get_request_counts``.
+    """
+    if hasattr(sched, "kv_holding_waiting"):
+        return lambda s: (len(s.running), len(s.waiting) + len(s.kv_holding_waiting))
+    return lambda s: (len(s.running), len(s.waiting))
+
+
+def finish_reason(request: Any) -> str:
+    """Finish reason of a finished request as vLLM's API reports it (``stop``, ...)."""
+    try:
+        reason = request.get_finished_reason()
+    except Exception:
+        reason = None
+    if reason is not None:
+        return str(reason)
+    status = getattr(request, "status", None)
+    return getattr(status, "name", str(status)).lower()
+
+
+def engine_settings(sched: Any) -> dict[str, Any]:
+    """The effective scheduler settings of a built ``Scheduler`` (engine_config fields)."""
+    vc = sched.vllm_config
+    sc, cc = vc.scheduler_config, vc.cache_config
+    pc = vc.parallel_config
+    num_blocks = sched.kv_cache_config.num_blocks
+    block_size = getattr(sched, "block_size", None) or cc.block_size
+    policy = getattr(sc, "policy", None)
+    chunked = getattr(sc, "enable_chunked_prefill", None)
+    if chunked is None:
+        chunked = getattr(sc, "chunked_prefill_enabled", None)
+    return {
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "max_num_seqs": sc.max_num_seqs,
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": getattr(sc, "long_prefill_token_threshold", None),
+        "num_kv_blocks": num_blocks,
+        "block_size": block_size,
+        "kv_capacity_tokens": max(num_blocks - 1, 0) * block_size if block_size else None,
+        "max_model_len": vc.model_config.max_model_len,
+        "scheduling_policy": str(getattr(policy, "value", policy)),
+        "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
+        "prefix_caching": bool(cc.enable_prefix_caching),
+        "data_parallel_size": getattr(pc, "data_parallel_size", 1),
+        "engine": getattr(pc, "data_parallel_rank", 0) or 0,
+    }

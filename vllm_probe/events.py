@@ -1,0 +1,222 @@
+"""The event schema: every kind of line vllm-probe writes, its fields and their units.
+
+This module is the single definition of the JSON-lines interface. The probe's hot path
+enqueues ``(kind, ts, values)`` tuples whose ``values`` follow ``kind.fields`` in order;
+the writer thread zips them into objects. ``docs/events.md`` is generated from here
+(``python -m vllm_probe.events > docs/events.md``) and a test keeps the two in sync.
+
+Bump :data:`SCHEMA_VERSION` whenever the meaning of an existing field changes or a field
+is removed; adding a new optional field or a new kind does not bump it (readers skip
+kinds and fields they do not know).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of an event: name, JSON type, unit and meaning."""
+
+    name: str
+    type: str
+    unit: str
+    doc: str
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class EventKind:
+    """One kind of event line (the value of its ``event`` key)."""
+
+    name: str
+    flag: str | None
+    doc: str
+    fields: tuple[Field, ...]
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+#: Fields present on every line, written by the sink (not by the hooks).
+COMMON_FIELDS: tuple[Field, ...] = (
+    Field("event", "string", "-", "Kind of event (one of the kinds below)."),
+    Field("ts", "float", "s", "Wall-clock time since the Unix epoch when the event happened."),
+    Field("pid", "int", "-", "Process id of the engine core that wrote the line."),
+    Field("engine", "int", "-", "Data-parallel rank of the engine core; 0 without data parallelism."),
+    Field("schema", "int", "-", f"Schema version of the line (currently {SCHEMA_VERSION})."),
+)
+
+_STEP_REF = Field("step", "int", "step", "Index of the scheduler step (0-based, per engine core) in which it happened.")
+
+ENGINE_CONFIG = EventKind(
+    "engine_config",
+    None,
+    "Once per engine core, when its scheduler is built: the effective settings, "
+    "after vLLM applied its defaults and platform overrides.",
+    (
+        Field("vllm_version", "string", "-", "`vllm.__version__` of the engine."),
+        Field("probe_version", "string", "-", "Version of vllm-probe."),
+        Field("scheduler_class", "string", "-", "Class of the scheduler, e.g. `Scheduler` or `AsyncScheduler`."),
+        Field("patched", "list[string]", "-", "Hook targets installed (e.g. `Scheduler.schedule`)."),
+        Field("max_num_batched_tokens", "int", "tokens", "Token budget of one step."),
+        Field("max_num_seqs", "int", "requests", "Most requests in the running queue."),
+        Field("enable_chunked_prefill", "bool", "-", "Whether a prompt may be split across steps."),
+        Field("long_prefill_token_threshold", "int", "tokens", "Cap on one request's prefill chunk (0 = none)."),
+        Field("num_kv_blocks", "int", "blocks", "KV-cache blocks of the engine (block 0 is reserved by vLLM)."),
+        Field("block_size", "int", "tokens", "Tokens per KV-cache block."),
+        Field("kv_capacity_tokens", "int", "tokens", "`(num_kv_blocks - 1) * block_size`: tokens the KV cache can hold."),
+        Field("max_model_len", "int", "tokens", "Longest prompt + output a request may have."),
+        Field("scheduling_policy", "string", "-", "`fcfs` or `priority`."),
+        Field("async_scheduling", "bool", "-", "Whether step N+1 is scheduled before step N's output is processed."),
+        Field("prefix_caching", "bool", "-", "Whether automatic prefix caching is on."),
+        Field("data_parallel_size", "int", "ranks", "Number of data-parallel engine cores."),
+        Field("flags", "object", "-", "The `scheduler_probe` flags in force for this engine core."),
+    ),
+)
+
+STEP = EventKind(
+    "step",
+    "log_schedule_each_step",
+    "One per call of `Scheduler.schedule()`: what the step scheduled and the state "
+    "of the queues and KV cache when it returned.",
+    (
+        _STEP_REF,
+        Field("scheduled_tokens", "int", "tokens", "Tokens scheduled in this step (prefill + decode)."),
+        Field("token_budget", "int", "tokens", "The step's token budget (`max_num_scheduled_tokens`)."),
+        Field("prefill_reqs", "int", "requests", "Requests that got a prefill chunk (first prefill or recompute).", True),
+        Field("prefill_tokens", "int", "tokens", "Tokens of those prefill chunks.", True),
+        Field("decode_reqs", "int", "requests", "Requests that got decode tokens.", True),
+        Field("decode_tokens", "int", "tokens", "Decode tokens (incl. speculative tokens).", True),
+        Field("new_reqs", "int", "requests", "Requests admitted from the waiting queue in this step (incl. resumed)."),
+        Field("running", "int", "requests", "Length of the running queue after scheduling."),
+        Field("waiting", "int", "requests", "Length of the waiting queue after scheduling."),
+        Field("kv_usage", "float", "0..1", "Share of KV-cache blocks in use after scheduling."),
+        Field("free_blocks", "int", "blocks", "Free KV-cache blocks after scheduling."),
+        Field("schedule_us", "float", "µs", "Time spent inside `schedule()`."),
+        Field("preempted", "list[string]", "-", "Ids of requests preempted during this step (empty list when none)."),
+        Field("finished", "list[string]", "-", "Ids of requests that finished since the previous step."),
+    ),
+)
+
+PREEMPT = EventKind(
+    "preempt",
+    "log_preempt_events",
+    "One per preempted request (vLLM V1 preempts by recompute: the request's KV blocks "
+    "are freed and it goes back to the front of the waiting queue).",
+    (
+        _STEP_REF,
+        Field("req_id", "string", "-", "Request id."),
+        Field("discarded_tokens", "int", "tokens", "Computed tokens thrown away; they will be recomputed."),
+        Field("prompt_len", "int", "tokens", "Prompt length of the request."),
+        Field("output_tokens", "int", "tokens", "Tokens the request had generated so far."),
+        Field("num_preemptions", "int", "-", "Times this request has been preempted, this one included."),
+        Field("kv_usage", "float", "0..1", "KV-cache use just before the request's blocks were freed."),
+        Field("running", "int", "requests", "Running queue length after the preemption."),
+        Field("waiting", "int", "requests", "Waiting queue length after the preemption."),
+        Field("reason", "string", "-", "`kv_cache` (inside `schedule()`: no free blocks) or `reset` (outside a step, e.g. `reset_prefix_cache`)."),
+    ),
+)
+
+CHUNK = EventKind(
+    "chunk",
+    "log_chunk_boundaries",
+    "One per prefill chunk: a scheduled slice of a request's prefill. A prefill pass "
+    "runs from admission (or readmission after a preemption) until the request's "
+    "computed tokens reach `prefill_len`.",
+    (
+        _STEP_REF,
+        Field("req_id", "string", "-", "Request id."),
+        Field("chunk_index", "int", "-", "0-based index of the chunk within this prefill pass."),
+        Field("start", "int", "tokens", "First token position computed by this chunk."),
+        Field("end", "int", "tokens", "One past the last position (exclusive)."),
+        Field("prompt_len", "int", "tokens", "Prompt length of the request."),
+        Field("prefill_len", "int", "tokens", "Where this pass ends: `prompt_len` on first admission, prompt + output tokens so far on a recompute."),
+        Field("last", "bool", "-", "True on the chunk that reaches `prefill_len`."),
+        Field("resumed", "bool", "-", "True when this pass re-prefills after a preemption."),
+        Field("prefix_hit_tokens", "int", "tokens", "On `chunk_index` 0 only: tokens served by the prefix cache (equals `start`).", True),
+    ),
+)
+
+REQUEST_ADDED = EventKind(
+    "request_added",
+    "log_request_events",
+    "A request reached the engine core's scheduler. Never carries prompt text or token ids.",
+    (
+        Field("req_id", "string", "-", "Request id."),
+        Field("prompt_len", "int", "tokens", "Prompt length."),
+        Field("max_tokens", "int", "tokens", "Sampling `max_tokens` (null for pooling requests)."),
+        Field("temperature", "float", "-", "Sampling temperature (null for pooling requests)."),
+        Field("top_p", "float", "-", "Sampling top_p (null for pooling requests)."),
+        Field("priority", "int", "-", "Request priority (used by the `priority` policy)."),
+        Field("arrival_ts", "float", "s", "Wall-clock arrival time stamped by vLLM's front end (epoch seconds)."),
+    ),
+)
+
+REQUEST_FINISHED = EventKind(
+    "request_finished",
+    "log_request_events",
+    "A request left the scheduler (stopped, length cap reached, or aborted).",
+    (
+        _STEP_REF,
+        Field("req_id", "string", "-", "Request id."),
+        Field("reason", "string", "-", "`stop`, `length`, `abort`, `error` or the raw status name."),
+        Field("prompt_len", "int", "tokens", "Prompt length."),
+        Field("output_tokens", "int", "tokens", "Tokens generated."),
+        Field("num_preemptions", "int", "-", "Times the request was preempted."),
+    ),
+)
+
+PROBE_STATS = EventKind(
+    "probe_stats",
+    None,
+    "The last line of each file, written when the process exits normally or on "
+    "SIGTERM/SIGINT: how complete the file is.",
+    (
+        Field("events_written", "int", "events", "Event lines written to this file (this line excluded)."),
+        Field("events_dropped", "int", "events", "Events lost: queue full or write failed."),
+        Field("hook_errors", "object", "-", "Exceptions caught per hook, e.g. `{\"chunk\": 0}`."),
+        Field("hooks_disabled", "list[string]", "-", "Hooks switched off after repeated errors."),
+    ),
+)
+
+KINDS: dict[str, EventKind] = {
+    k.name: k
+    for k in (ENGINE_CONFIG, STEP, PREEMPT, CHUNK, REQUEST_ADDED, REQUEST_FINISHED, PROBE_STATS)
+}
+
+
+def render_markdown() -> str:
+    """Return the schema as the Markdown page kept in ``docs/events.md``."""
+    out = [
+        "# Event schema",
+        "",
+        "<!-- generated by `python -m vllm_probe.events > docs/events.md`; do not edit -->",
+        "",
+        f"Schema version: **{SCHEMA_VERSION}**. One JSON object per line, one file per "
+        "engine-core process (`events-<pid>.jsonl` in the run directory). Readers must "
+        "skip kinds and fields they do not know; `schema` is bumped when a meaning changes. "
+        "Optional fields are omitted when they do not apply.",
+        "",
+        "## Fields on every line",
+        "",
+        "| field | type | unit | meaning |",
+        "|---|---|---|---|",
+    ]
+    out += [f"| `{f.name}` | {f.type} | {f.unit} | {f.doc} |" for f in COMMON_FIELDS]
+    for kind in KINDS.values():
+        flag = f" Switched by `scheduler_probe.{kind.flag}`." if kind.flag else " Always written."
+        out += ["", f"## `{kind.name}`", "", kind.doc + flag, "",
+                "| field | type | unit | meaning |", "|---|---|---|---|"]
+        for f in kind.fields:
+            opt = " *(optional)*" if f.optional else ""
+            out.append(f"| `{f.name}` | {f.type} | {f.unit} | {f.doc}{opt} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

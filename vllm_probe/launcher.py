@@ -1,0 +1,193 @@
+"""Start a command with the probe enabled and record the run (behind ``vllm-probe run``).
+
+The probe itself runs inside vLLM's processes (the plugin); this module only prepares
+the run directory and the environment that turns the plugin on, starts the command,
+passes signals on, and records how the command ended.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from . import __version__, envvars
+from .reader import ReadStats, iter_file
+from .rundir import create_run_dir, event_files, read_meta, write_meta
+from .settings import Settings
+
+
+class LaunchError(Exception):
+    """The command cannot be started; ``code`` follows shell conventions (126/127)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def resolve_command(command: list[str]) -> str:
+    """Absolute path of ``command[0]``.
+
+    Raises:
+        LaunchError: empty command (2), not found (127), not executable (126).
+    """
+    if not command:
+        raise LaunchError("no command given (usage: vllm-probe run -- COMMAND [ARGS...])", 2)
+    exe = command[0]
+    if os.sep in exe:
+        path = Path(exe)
+        if not path.exists():
+            raise LaunchError(f"command not found: {exe}", 127)
+        if path.is_dir() or not os.access(path, os.X_OK):
+            raise LaunchError(f"command is not executable: {exe}", 126)
+        return str(path)
+    found = shutil.which(exe)
+    if found is None:
+        raise LaunchError(f"command not found: {exe}", 127)
+    return found
+
+
+def probe_env(run_dir: Path, settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment that enables the plugin for ``run_dir``.
+
+    If ``VLLM_PLUGINS`` is set (vLLM then loads only the plugins it names), ours is
+    added to it; unset, vLLM loads every installed plugin, ours included.
+    """
+    env = dict(os.environ if base is None else base)
+    env[envvars.ENABLE] = "1"
+    env[envvars.RUN_DIR] = str(Path(run_dir).resolve())
+    if settings.source:
+        env[envvars.SETTINGS] = str(Path(settings.source).resolve())
+    else:
+        env.pop(envvars.SETTINGS, None)
+    plugins = env.get(envvars.VLLM_PLUGINS)
+    if plugins is not None:
+        names = [p.strip() for p in plugins.split(",") if p.strip()]
+        if envvars.PLUGIN_NAME not in names:
+            names.append(envvars.PLUGIN_NAME)
+        env[envvars.VLLM_PLUGINS] = ",".join(names)
+    return env
+
+
+@dataclass
+class RunCounts:
+    """What a finished run's files hold, for the closing line."""
+
+    kinds: Counter = field(default_factory=Counter)
+    stats: ReadStats = field(default_factory=ReadStats)
+    dropped: int = 0
+    files: int = 0
+
+    def describe(self) -> str:
+        k = self.kinds
+        text = (f"{k['step']} steps, {k['chunk']} chunks, {k['preempt']} preemptions, "
+                f"{k['request_finished']}/{k['request_added']} requests finished, "
+                f"{self.files} engine file(s)")
+        if self.dropped:
+            text += f", {self.dropped} events dropped"
+        if self.stats.skipped:
+            text += f", {self.stats.skipped} lines skipped"
+        return text
+
+
+def count_events(run_dir: Path) -> RunCounts:
+    """Count event kinds in a run directory (streaming)."""
+    counts = RunCounts()
+    for path in event_files(run_dir):
+        counts.files += 1
+        for ev in iter_file(path, counts.stats):
+            counts.kinds[ev["event"]] += 1
+            if ev["event"] == "probe_stats":
+                counts.dropped += ev.get("events_dropped", 0)
+    return counts
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def start_run(command: list[str], settings: Settings, out: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """Check the command, create the run directory and its ``meta.json``.
+
+    Raises:
+        LaunchError: the command is missing or not executable.
+        RunDirError: the run directory cannot be created.
+    """
+    resolve_command(command)
+    if out is not None:
+        out = Path(out)
+        try:
+            out.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if any(out.iterdir()):
+                raise LaunchError(f"--out {out} is not empty; give a new directory", 2)
+            probe_file = out / ".write-test"
+            probe_file.touch()
+            probe_file.unlink()
+        except OSError as e:
+            raise LaunchError(f"cannot write to --out {out}: {e.strerror or e}", 2) from None
+        run_dir = out
+    else:
+        run_dir = create_run_dir(command)
+    meta = {
+        "probe_version": __version__,
+        "command": command,
+        "cwd": os.getcwd(),
+        "settings_file": settings.source,
+        "flags": settings.flags.to_dict(),
+        "start_time": time.time(),
+        "end_time": None,
+        "exit_code": None,
+    }
+    write_meta(run_dir, meta)
+    return run_dir, meta
+
+
+def finish_run(run_dir: Path, meta: dict[str, Any], exit_code: int) -> None:
+    meta = {**read_meta(run_dir), **meta, "end_time": time.time(), "exit_code": exit_code}
+    write_meta(run_dir, meta)
+
+
+def spawn(command: list[str], run_dir: Path, settings: Settings,
+          stdout: IO | None = None, stderr: IO | None = None) -> subprocess.Popen:
+    """Start the command with the probe's environment (its own session when logged)."""
+    return subprocess.Popen(
+        command, env=probe_env(run_dir, settings), stdout=stdout, stderr=stderr,
+        stdin=subprocess.DEVNULL if stdout is not None else None,
+        start_new_session=stdout is not None,
+    )
+
+
+def run_foreground(command: list[str], settings: Settings, out: Path | None = None) -> int:
+    """``vllm-probe run`` without ``--live``: the command keeps the terminal.
+
+    Ctrl-C reaches the command directly (same process group); SIGTERM sent to us is
+    passed on. Returns the command's exit code (128+N when killed by signal N).
+    """
+    run_dir, meta = start_run(command, settings, out)
+    print(f"vllm-probe: events -> {run_dir}", file=sys.stderr, flush=True)
+    proc = spawn(command, run_dir, settings)
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old_int = signal.signal(signal.SIGINT, lambda *_: None)  # the child gets Ctrl-C itself
+    old_term = signal.signal(signal.SIGTERM, forward)
+    try:
+        code = _exit_code(proc.wait())
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    finish_run(run_dir, meta, code)
+    counts = count_events(run_dir)
+    print(f"vllm-probe: {counts.describe()} in {run_dir}", file=sys.stderr, flush=True)
+    return code

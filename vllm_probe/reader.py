@@ -1,0 +1,148 @@
+"""Reading event files: tolerant line parsing, time-ordered merging, live following.
+
+Shared by every consumer (dashboard, export, summary). Bad input never raises: a line
+that is not a JSON object, an unknown event kind, a newer schema or a partial last line
+(the writer was mid-line) is skipped and counted in :class:`ReadStats`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .events import KINDS, SCHEMA_VERSION
+from .rundir import event_files
+
+
+@dataclass
+class ReadStats:
+    """Counts of what was read and skipped (lines)."""
+
+    events: int = 0
+    malformed: int = 0  # not JSON, not an object, or no numeric "ts" / string "event"
+    partial: int = 0  # last line without newline: the writer was mid-line
+    unknown_kind: int = 0
+    newer_schema: int = 0  # read anyway; fields we know keep their meaning per policy
+    files: set[str] = field(default_factory=set)
+
+    @property
+    def skipped(self) -> int:
+        return self.malformed + self.partial + self.unknown_kind
+
+    def describe(self) -> str:
+        """One line for users, e.g. ``"1200 events, 2 lines skipped (1 malformed, 1 partial)"``."""
+        parts = [f"{n} {what}" for n, what in (
+            (self.malformed, "malformed"), (self.partial, "partial"), (self.unknown_kind, "unknown kind"),
+        ) if n]
+        text = f"{self.events} events"
+        if parts:
+            text += f", {self.skipped} lines skipped ({', '.join(parts)})"
+        if self.newer_schema:
+            text += f", {self.newer_schema} with a newer schema than {SCHEMA_VERSION}"
+        return text
+
+
+def parse_line(line: str | bytes, stats: ReadStats) -> dict | None:
+    """Decode one complete line into an event dict, or None (counted in ``stats``)."""
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        stats.malformed += 1
+        return None
+    if not isinstance(ev, dict) or not isinstance(ev.get("event"), str) or not isinstance(ev.get("ts"), (int, float)):
+        stats.malformed += 1
+        return None
+    if ev["event"] not in KINDS:
+        stats.unknown_kind += 1
+        return None
+    schema = ev.get("schema", SCHEMA_VERSION)
+    if isinstance(schema, int) and schema > SCHEMA_VERSION:
+        stats.newer_schema += 1
+    ev.setdefault("engine", 0)
+    stats.events += 1
+    return ev
+
+
+def iter_file(path: Path, stats: ReadStats) -> Iterator[dict]:
+    """Stream the events of one file in file order."""
+    stats.files.add(str(path))
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    with f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                if raw.strip():
+                    stats.partial += 1
+                break
+            if not raw.strip():
+                continue
+            ev = parse_line(raw, stats)
+            if ev is not None:
+                yield ev
+
+
+def iter_run(run_dir: Path, stats: ReadStats) -> Iterator[dict]:
+    """Stream every event of a run, merged across files in time order.
+
+    Memory: one pending event per file (``heapq.merge``). Files of different engine
+    cores interleave by ``ts``; within a file, order is the file's (the writer's).
+    """
+    streams = [iter_file(p, stats) for p in event_files(run_dir)]
+    return heapq.merge(*streams, key=lambda ev: ev["ts"])
+
+
+class Follower:
+    """Follow a run directory live: new lines of every file, files that appear later.
+
+    :meth:`poll` returns the events completed since the last call (file by file; each
+    file in order). A line still being written is kept until its newline arrives.
+    """
+
+    def __init__(self, run_dir: Path, stats: ReadStats | None = None, chunk_bytes: int = 1 << 20) -> None:
+        self.run_dir = Path(run_dir)
+        self.stats = stats or ReadStats()
+        self._offsets: dict[Path, int] = {}
+        self._rest: dict[Path, bytes] = {}
+        self._chunk = chunk_bytes
+
+    def poll(self, max_bytes: int | None = None) -> list[dict]:
+        """Read what is new (at most ``max_bytes`` per file per call when given)."""
+        out: list[dict] = []
+        for path in event_files(self.run_dir):
+            self.stats.files.add(str(path))
+            offset = self._offsets.get(path, 0)
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue
+            if size <= offset:
+                continue
+            want = size - offset if max_bytes is None else min(size - offset, max_bytes)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(want)
+            except OSError:
+                continue
+            self._offsets[path] = offset + len(data)
+            data = self._rest.pop(path, b"") + data
+            lines = data.split(b"\n")
+            tail = lines.pop()
+            if tail:
+                self._rest[path] = tail
+            for raw in lines:
+                if raw.strip():
+                    ev = parse_line(raw, self.stats)
+                    if ev is not None:
+                        out.append(ev)
+        return out
+
+    def pending_partial(self) -> int:
+        """Lines currently incomplete (writer mid-line, or a truncated file's end)."""
+        return sum(1 for v in self._rest.values() if v.strip())

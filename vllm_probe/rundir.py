@@ -1,0 +1,113 @@
+"""Run directories: one per ``vllm-probe run``, holding ``meta.json`` and event files.
+
+Layout::
+
+    vllm-probe-runs/20261129-221500-long_prompts/
+        meta.json            command line, settings, start/end time, exit code
+        events-<pid>.jsonl   one per engine-core process (schema: docs/events.md)
+        command.log          the command's output (``run --live`` only)
+
+Directories and files are created readable by the owner only (0700 / 0600): event
+logs reveal workload shape and request ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+#: Default parent of run directories, relative to the current directory.
+DEFAULT_ROOT = Path("vllm-probe-runs")
+META_FILE = "meta.json"
+EVENT_GLOB = "events-*.jsonl"
+COMMAND_LOG = "command.log"
+
+
+class RunDirError(Exception):
+    """A run directory is missing, unreadable or cannot be created."""
+
+
+def _slug(command: list[str]) -> str:
+    words = [Path(w).stem for w in command if not w.startswith("-")]
+    # prefer the script or module name over the interpreter
+    pick = next((w for w in words[1:] if w not in ("python", "python3", "-m", "vllm")), words[0] if words else "run")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", pick)[:40] or "run"
+
+
+def create_run_dir(command: list[str], root: Path | None = None) -> Path:
+    """Create a new, empty run directory under ``root`` (mode 0700) and return it.
+
+    Raises:
+        RunDirError: ``root`` cannot be created or written.
+    """
+    root = Path(root or DEFAULT_ROOT)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{stamp}-{_slug(command)}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        for i in range(1, 1000):
+            path = root / (base if i == 1 else f"{base}-{i}")
+            try:
+                path.mkdir(mode=0o700)
+                return path
+            except FileExistsError:
+                continue
+    except OSError as e:
+        raise RunDirError(f"cannot create a run directory under {root}: {e.strerror or e}") from None
+    raise RunDirError(f"too many runs named {base} under {root}")
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Write ``meta.json`` atomically (0600)."""
+    tmp = Path(run_dir) / (META_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f, indent=2)
+    os.replace(tmp, Path(run_dir) / META_FILE)
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """``meta.json`` of a run, or ``{}`` when absent or unreadable."""
+    try:
+        return json.loads((Path(run_dir) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def event_files(run_dir: Path) -> list[Path]:
+    """The run's event files, sorted by name."""
+    return sorted(Path(run_dir).glob(EVENT_GLOB))
+
+
+def latest_run(root: Path | None = None) -> Path:
+    """The newest run directory under ``root`` (by name, which starts with its start time).
+
+    Raises:
+        RunDirError: ``root`` does not exist or holds no run.
+    """
+    root = Path(root or DEFAULT_ROOT)
+    try:
+        runs = sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).exists())
+    except OSError:
+        raise RunDirError(f"no run directory: {root} does not exist (start one with `vllm-probe run -- COMMAND`)") from None
+    if not runs:
+        raise RunDirError(f"no run directory under {root} (start one with `vllm-probe run -- COMMAND`)")
+    return max(runs, key=lambda p: (p.name[:15], p.stat().st_mtime))
+
+
+def resolve_run_dir(arg: str | None) -> Path:
+    """A RUN_DIR argument (None: the latest run) checked to exist.
+
+    Raises:
+        RunDirError: the directory does not exist.
+    """
+    if arg is None:
+        return latest_run()
+    path = Path(arg)
+    if not path.is_dir():
+        raise RunDirError(f"run directory not found: {path}")
+    return path

@@ -1,0 +1,360 @@
+"""Scheduler state rebuilt from events: per engine, per step (rolling), per request.
+
+One model feeds the live dashboard, the summary, compare and the timeline export, so
+every view agrees on what "queue time" or "time to first token" means. Memory is
+bounded for a run of any length: steps are kept in a rolling window, finished requests
+in a bounded list; consumers that need every finished request (the summary) register
+``RunState.on_request_finished``.
+
+Timing definitions (event fields in docs/events.md):
+
+* queue time: arrival (``request_added.arrival_ts``) → ``ts`` of the step that scheduled
+  the request's first prefill chunk.
+* time to first token (TTFT): arrival → ``ts`` of the first step after the one that
+  scheduled the last chunk of its first prefill pass (the token is sampled at the end of
+  that step; with async scheduling this is approximate by one step). In steps: the
+  number of steps from arrival through the one that ran the last chunk.
+* decode time: first token → ``request_finished``; mean inter-token time: decode time /
+  (output tokens − 1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: Default number of recent steps kept per engine.
+STEP_WINDOW = 600
+#: Default number of finished requests kept per engine.
+FINISHED_KEEP = 200
+#: Default number of recent preemptions kept per engine.
+PREEMPT_KEEP = 50
+
+WAITING, PREFILL, DECODE, PREEMPTED, FINISHED = "waiting", "prefill", "decode", "preempted", "finished"
+
+#: Names of the limits :func:`bound_by` can return.
+LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
+
+
+@dataclass
+class StepRecord:
+    """The numbers of one step kept in the rolling window."""
+
+    step: int
+    ts: float
+    scheduled: int
+    budget: int
+    prefill_tokens: int | None
+    decode_tokens: int | None
+    running: int
+    waiting: int
+    kv_usage: float
+    schedule_us: float
+    preempted: int
+    bound: str
+
+
+@dataclass
+class RequestState:
+    """What is known of one request. Times are epoch seconds; None until known."""
+
+    req_id: str
+    engine: int = 0
+    phase: str = WAITING
+    prompt_len: int | None = None
+    max_tokens: int | None = None
+    arrival_ts: float | None = None
+    arrival_step: int = 0
+    first_scheduled_ts: float | None = None
+    first_scheduled_step: int | None = None
+    first_token_step: int | None = None
+    first_token_ts: float | None = None
+    finished_ts: float | None = None
+    finish_reason: str | None = None
+    computed: int = 0  # tokens computed so far (end of the latest chunk)
+    prefill_len: int | None = None  # end of the current prefill pass
+    chunk_index: int = -1  # index of the latest chunk in the current pass
+    last_chunk: tuple[int, int] | None = None  # [start, end) of the latest chunk
+    chunks: int = 0  # all chunks, recompute passes included
+    first_pass_chunks: int = 0
+    passes: int = 0
+    preemptions: int = 0
+    discarded_tokens: int = 0
+    recomputed_tokens: int = 0  # tokens of chunks in resumed passes
+    prefix_hit_tokens: int = 0  # of the first pass
+    output_tokens: int | None = None  # known at preemption and at finish
+
+    @property
+    def queue_time_s(self) -> float | None:
+        if self.first_scheduled_ts is None or self.arrival_ts is None:
+            return None
+        return max(self.first_scheduled_ts - self.arrival_ts, 0.0)
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_ts is None or self.arrival_ts is None:
+            return None
+        return max(self.first_token_ts - self.arrival_ts, 0.0)
+
+    @property
+    def ttft_steps(self) -> int | None:
+        if self.first_token_step is None:
+            return None
+        return self.first_token_step - self.arrival_step + 1
+
+    @property
+    def decode_time_s(self) -> float | None:
+        if self.finished_ts is None or self.first_token_ts is None:
+            return None
+        return max(self.finished_ts - self.first_token_ts, 0.0)
+
+    @property
+    def mean_itl_s(self) -> float | None:
+        d = self.decode_time_s
+        if d is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return d / (self.output_tokens - 1)
+
+
+def bound_by(ev: dict, max_num_seqs: int | None) -> str:
+    """Which limit held the step back (one of :data:`LIMITS`).
+
+    ``token_budget``: the step used its whole budget. ``max_num_seqs``: requests wait
+    while the running queue is full. ``kv_cache``: a preemption happened, or requests
+    wait with budget and sequence slots to spare (in vLLM's V1 scheduler the remaining
+    reason not to admit them is that their KV blocks cannot be allocated).
+    ``none``: nothing waits; the workload, not a limit, set the batch.
+    """
+    if ev.get("scheduled_tokens", 0) >= ev.get("token_budget", 1 << 62):
+        return "token_budget"
+    waiting = ev.get("waiting", 0)
+    if waiting and max_num_seqs is not None and ev.get("running", 0) >= max_num_seqs:
+        return "max_num_seqs"
+    if ev.get("preempted") or waiting:
+        return "kv_cache"
+    return "none"
+
+
+@dataclass
+class EngineState:
+    """One engine core (data-parallel rank)."""
+
+    engine: int
+    step_window: int = STEP_WINDOW
+    finished_keep: int = FINISHED_KEEP
+    config: dict[str, Any] | None = None
+    pids: set[int] = field(default_factory=set)
+    first_ts: float | None = None
+    last_ts: float | None = None
+    last_step: int = -1
+    latest: dict[str, Any] | None = None
+    steps: int = 0
+    scheduled_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    schedule_us_total: float = 0.0
+    preemptions: int = 0
+    discarded_tokens: int = 0
+    recomputed_tokens: int = 0
+    chunks: int = 0
+    requests_added: int = 0
+    requests_finished: int = 0
+    bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
+    probe_stats: list[dict] = field(default_factory=list)
+    window: deque = field(init=False)
+    recent_preempts: deque = field(init=False)
+    requests: dict[str, RequestState] = field(default_factory=dict)
+    finished: deque = field(init=False)
+    _awaiting_token: dict[str, RequestState] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.window = deque(maxlen=self.step_window)
+        self.recent_preempts = deque(maxlen=PREEMPT_KEEP)
+        self.finished = deque(maxlen=self.finished_keep)
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        return (self.config or {}).get("max_num_seqs")
+
+    def request(self, req_id: str) -> RequestState:
+        req = self.requests.get(req_id)
+        if req is None:  # events of a request added before the probe started
+            req = self.requests[req_id] = RequestState(req_id, self.engine, arrival_step=self.last_step + 1)
+        return req
+
+
+class RunState:
+    """All engines of a run, updated one event at a time with :meth:`apply`.
+
+    Args:
+        step_window: recent steps kept per engine (rolling chart, rates).
+        finished_keep: finished requests kept per engine (request table).
+        on_request_finished: called with each :class:`RequestState` as it finishes.
+    """
+
+    def __init__(
+        self,
+        step_window: int = STEP_WINDOW,
+        finished_keep: int = FINISHED_KEEP,
+        on_request_finished: Callable[[RequestState], None] | None = None,
+    ) -> None:
+        self.engines: dict[int, EngineState] = {}
+        self.step_window = step_window
+        self.finished_keep = finished_keep
+        self.on_request_finished = on_request_finished
+        self.events = 0
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        self._handlers = {
+            "engine_config": self._engine_config,
+            "step": self._step,
+            "chunk": self._chunk,
+            "preempt": self._preempt,
+            "request_added": self._added,
+            "request_finished": self._finished,
+            "probe_stats": self._probe_stats,
+        }
+
+    def engine(self, idx: int) -> EngineState:
+        eng = self.engines.get(idx)
+        if eng is None:
+            eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep)
+        return eng
+
+    def apply(self, ev: dict) -> None:
+        """Update the state with one event (unknown kinds are ignored)."""
+        handler = self._handlers.get(ev.get("event"))
+        if handler is None:
+            return
+        ts = ev["ts"]
+        eng = self.engine(ev.get("engine", 0) or 0)
+        if "pid" in ev:
+            eng.pids.add(ev["pid"])
+        if eng.first_ts is None or ts < eng.first_ts:
+            eng.first_ts = ts
+        if eng.last_ts is None or ts > eng.last_ts:
+            eng.last_ts = ts
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+        self.events += 1
+        handler(eng, ev)
+
+    def apply_all(self, events) -> "RunState":
+        for ev in events:
+            self.apply(ev)
+        return self
+
+    # -- totals across engines ----------------------------------------------------------
+
+    def total(self, attr: str) -> int | float:
+        return sum(getattr(e, attr) for e in self.engines.values())
+
+    @property
+    def config(self) -> dict[str, Any] | None:
+        for idx in sorted(self.engines):
+            if self.engines[idx].config:
+                return self.engines[idx].config
+        return None
+
+    # -- handlers -----------------------------------------------------------------------
+
+    def _engine_config(self, eng: EngineState, ev: dict) -> None:
+        eng.config = ev
+
+    def _step(self, eng: EngineState, ev: dict) -> None:
+        step = ev.get("step", eng.last_step + 1)
+        eng.last_step = max(eng.last_step, step)
+        eng.latest = ev
+        eng.steps += 1
+        scheduled = ev.get("scheduled_tokens", 0)
+        eng.scheduled_tokens += scheduled
+        eng.prefill_tokens += ev.get("prefill_tokens") or 0
+        eng.decode_tokens += ev.get("decode_tokens") or 0
+        eng.schedule_us_total += ev.get("schedule_us", 0.0)
+        bound = bound_by(ev, eng.max_num_seqs)
+        eng.bound_counts[bound] += 1
+        eng.window.append(StepRecord(
+            step, ev["ts"], scheduled, ev.get("token_budget", 0), ev.get("prefill_tokens"),
+            ev.get("decode_tokens"), ev.get("running", 0), ev.get("waiting", 0),
+            ev.get("kv_usage", 0.0), ev.get("schedule_us", 0.0), len(ev.get("preempted") or ()), bound,
+        ))
+        if eng._awaiting_token:
+            done = [r for r in eng._awaiting_token.values() if r.first_token_step is not None and r.first_token_step < step]
+            for req in done:
+                req.first_token_ts = ev["ts"]
+                del eng._awaiting_token[req.req_id]
+
+    def _chunk(self, eng: EngineState, ev: dict) -> None:
+        req = eng.request(ev["req_id"])
+        eng.chunks += 1
+        req.chunks += 1
+        start, end = ev.get("start", 0), ev.get("end", 0)
+        if ev.get("prompt_len") is not None:
+            req.prompt_len = ev["prompt_len"]
+        if ev.get("chunk_index", 0) == 0:
+            req.passes += 1
+            if req.first_scheduled_ts is None:
+                req.first_scheduled_ts = ev["ts"]
+                req.first_scheduled_step = ev.get("step")
+                req.prefix_hit_tokens = ev.get("prefix_hit_tokens", start) or 0
+        resumed = bool(ev.get("resumed"))
+        if resumed:
+            req.recomputed_tokens += end - start
+            eng.recomputed_tokens += end - start
+        else:
+            req.first_pass_chunks += 1
+        req.chunk_index = ev.get("chunk_index", 0)
+        req.last_chunk = (start, end)
+        req.computed = end
+        req.prefill_len = ev.get("prefill_len", req.prompt_len)
+        if ev.get("last"):
+            req.phase = DECODE
+            if req.first_token_step is None:
+                req.first_token_step = ev.get("step")
+                eng._awaiting_token[req.req_id] = req
+        else:
+            req.phase = PREFILL
+
+    def _preempt(self, eng: EngineState, ev: dict) -> None:
+        req = eng.request(ev["req_id"])
+        eng.preemptions += 1
+        discarded = ev.get("discarded_tokens", 0)
+        eng.discarded_tokens += discarded
+        req.preemptions = ev.get("num_preemptions") or req.preemptions + 1
+        req.discarded_tokens += discarded
+        req.output_tokens = ev.get("output_tokens", req.output_tokens)
+        req.phase = PREEMPTED
+        req.computed = 0
+        eng.recent_preempts.append(ev)
+
+    def _added(self, eng: EngineState, ev: dict) -> None:
+        eng.requests_added += 1
+        req = eng.requests.get(ev["req_id"])
+        if req is None:
+            req = eng.requests[ev["req_id"]] = RequestState(ev["req_id"], eng.engine)
+        req.arrival_step = eng.last_step + 1
+        req.prompt_len = ev.get("prompt_len")
+        req.max_tokens = ev.get("max_tokens")
+        arrival = ev.get("arrival_ts")
+        req.arrival_ts = arrival if isinstance(arrival, (int, float)) else ev["ts"]
+
+    def _finished(self, eng: EngineState, ev: dict) -> None:
+        req = eng.requests.pop(ev["req_id"], None) or RequestState(ev["req_id"], eng.engine)
+        eng.requests_finished += 1
+        req.phase = FINISHED
+        req.finished_ts = ev["ts"]
+        req.finish_reason = ev.get("reason")
+        req.output_tokens = ev.get("output_tokens", req.output_tokens)
+        if ev.get("num_preemptions") is not None:
+            req.preemptions = ev["num_preemptions"]
+        if eng._awaiting_token.pop(req.req_id, None) is not None:
+            req.first_token_ts = ev["ts"]
+        eng.finished.append(req)
+        if self.on_request_finished is not None:
+            self.on_request_finished(req)
+
+    def _probe_stats(self, eng: EngineState, ev: dict) -> None:
+        eng.probe_stats.append(ev)

@@ -1,0 +1,172 @@
+"""Drive vLLM's real ``Scheduler`` without a model (tests, benchmarks, compatibility runs).
+
+Mirrors vLLM's own ``tests/v1/core/utils.py`` (``create_scheduler``): a ``VllmConfig``
+on the tiny local model config, a ``KVCacheConfig`` with one full-attention group and
+``num_blocks`` blocks (block 0 is reserved, so ``num_blocks - 1`` are usable), and a
+step loop that feeds the scheduler a fake ``ModelRunnerOutput`` sampling one token per
+request whose prefill is complete. Scheduling decisions are vLLM's own; only the model
+is absent. Imports vLLM lazily; raises ImportError when it is not installed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .tiny_model import DEFAULT_DIR, write_tiny_model
+
+
+def _accepts(func: Any, name: str) -> bool:
+    return name in inspect.signature(func).parameters
+
+
+@dataclass
+class SchedulerSpec:
+    """Scheduler settings for :func:`make_scheduler` (tokens, blocks, requests)."""
+
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 16
+    num_blocks: int = 64
+    block_size: int = 16
+    max_model_len: int = 2048
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    long_prefill_token_threshold: int = 0
+    async_scheduling: bool = False
+    model_dir: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None = None) -> Any:
+    """Build a real vLLM ``Scheduler`` (or ``scheduler_cls``) for ``spec``; no model loaded."""
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    import torch
+
+    spec = spec or SchedulerSpec()
+    model_dir = write_tiny_model(spec.model_dir or DEFAULT_DIR)
+    model_config = ModelConfig(
+        str(model_dir), skip_tokenizer_init=True, max_model_len=spec.max_model_len,
+        dtype="float32", seed=0,
+    )
+    sched_kwargs = dict(
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_model_len=spec.max_model_len,
+        enable_chunked_prefill=spec.enable_chunked_prefill,
+        long_prefill_token_threshold=spec.long_prefill_token_threshold,
+        async_scheduling=spec.async_scheduling,
+        is_encoder_decoder=False,
+    )
+    sched_kwargs = {k: v for k, v in sched_kwargs.items() if _accepts(SchedulerConfig, k)}
+    scheduler_config = SchedulerConfig(**sched_kwargs, **spec.extra)
+    cache_config = CacheConfig(
+        block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching,
+        **({"gpu_memory_utilization": 0.3} if _accepts(CacheConfig, "gpu_memory_utilization") else {}),
+    )
+    cache_config.num_gpu_blocks = spec.num_blocks
+    vllm_config = VllmConfig(
+        model_config=model_config, scheduler_config=scheduler_config,
+        cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=spec.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
+            block_size=spec.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32,
+        ))],
+    )
+    cls = scheduler_cls or Scheduler
+    kwargs: dict[str, Any] = dict(
+        vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True,
+    )
+    if _accepts(cls.__init__, "block_size"):
+        kwargs["block_size"] = spec.block_size
+    if _accepts(cls.__init__, "hash_block_size"):
+        kwargs["hash_block_size"] = spec.block_size
+    return cls(**kwargs)
+
+
+_ids = itertools.count()
+
+
+def make_request(
+    prompt_len: int, max_tokens: int, *, req_id: str | None = None, block_size: int = 16,
+    prefix: list[int] | None = None, seed: int | None = None,
+) -> Any:
+    """A ``Request`` of ``prompt_len`` tokens that generates exactly ``max_tokens``.
+
+    Token ids are distinct per request (so prefix caching does not merge prompts)
+    unless ``prefix`` gives shared leading ids.
+    """
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    try:
+        from vllm.utils.hashing import sha256 as hash_fn
+    except ImportError:  # older releases
+        from vllm.utils import sha256 as hash_fn  # type: ignore[no-redef]
+    init_none_hash(hash_fn)
+    n = next(_ids)
+    rid = req_id or f"req-{n}"
+    base = (seed if seed is not None else n) * 7919
+    head = list(prefix or [])
+    tokens = head + [3 + (base + i) % 500 for i in range(prompt_len - len(head))]
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+    kwargs: dict[str, Any] = dict(
+        request_id=rid, prompt_token_ids=tokens, sampling_params=params, pooling_params=None,
+        block_hasher=get_request_block_hasher(block_size, hash_fn),
+    )
+    if _accepts(Request.__init__, "eos_token_id"):
+        kwargs["eos_token_id"] = 2
+    if _accepts(Request.__init__, "mm_features"):
+        kwargs["mm_features"] = None
+    return Request(**kwargs)
+
+
+def step(sched: Any) -> Any:
+    """One scheduler step: ``schedule()``, then a fake model output; returns the output.
+
+    Every scheduled request whose computed tokens reached its token count samples one
+    token (id 7), as a model would after the last prefill chunk or a decode.
+    """
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    out = sched.schedule()
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in req_ids:
+        req = sched.requests.get(rid)
+        done = req is not None and req.num_computed_tokens >= req.num_tokens
+        sampled.append([7] if done else [])
+    mro_kwargs: dict[str, Any] = dict(
+        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+    )
+    if _accepts(ModelRunnerOutput, "pooler_output"):
+        mro_kwargs["pooler_output"] = [None] * len(req_ids)
+    if _accepts(ModelRunnerOutput, "spec_token_ids"):
+        mro_kwargs["spec_token_ids"] = None
+    sched.update_from_output(out, ModelRunnerOutput(**mro_kwargs))
+    return out
+
+
+def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:
+    """Step until no request is left; return the number of steps.
+
+    Raises:
+        RuntimeError: still busy after ``max_steps`` (a stuck workload).
+    """
+    for n in range(max_steps):
+        if not sched.has_requests():
+            return n
+        step(sched)
+    raise RuntimeError(f"scheduler still has requests after {max_steps} steps")
