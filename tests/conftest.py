@@ -24,6 +24,7 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 QUICK_WORKLOAD = [
     "--num-prompts", "8", "--prompt-tokens", "600", "--max-tokens", "300",
     "--num-kv-blocks", "20", "--max-num-batched-tokens", "256", "--max-model-len", "1024",
+    "--print-token-ids",
 ]
 
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")

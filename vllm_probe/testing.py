@@ -87,9 +87,9 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True,
     )
-    if _accepts(cls.__init__, "block_size"):
+    if _accepts(Scheduler.__init__, "block_size"):
         kwargs["block_size"] = spec.block_size
-    if _accepts(cls.__init__, "hash_block_size"):
+    if _accepts(Scheduler.__init__, "hash_block_size"):
         kwargs["hash_block_size"] = spec.block_size
     return cls(**kwargs)
 
@@ -170,3 +170,21 @@ def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:
             return n
         step(sched)
     raise RuntimeError(f"scheduler still has requests after {max_steps} steps")
+
+
+class MemorySink:
+    """A sink that keeps events as ``(kind_name, fields_dict)`` in memory (tests, compat).
+
+    Same ``emit`` signature as :class:`vllm_probe.sink.EventSink`; the dicts hold every
+    field of the kind, optional ones as None when absent.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, kind: Any, ts: float, engine: int, values: tuple) -> None:
+        self.events.append((kind.name, dict(zip(kind.field_names, values))))
+
+    def of(self, name: str) -> list[dict[str, Any]]:
+        """The fields of every event of kind ``name``, in emission order."""
+        return [e for k, e in self.events if k == name]

@@ -1,0 +1,286 @@
+"""The hooks on vLLM's real Scheduler, driven without a model (vllm_probe.testing).
+
+Oracles are independent of the probe: the test loop snapshots the scheduler (computed
+tokens of every running request before each step; queue lengths and scheduled tokens
+after) and the events must agree with those snapshots exactly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from tests.conftest import requires_vllm
+
+pytestmark = requires_vllm
+
+
+@pytest.fixture(scope="module")
+def vllm_mod():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
+@pytest.fixture
+def probed(vllm_mod):
+    """Install the probe with all flags on into a MemorySink; uninstall afterwards."""
+    from vllm_probe import probe, testing
+    from vllm_probe.settings import ProbeFlags
+
+    def make(flags: ProbeFlags | None = None):
+        sink = testing.MemorySink()
+        rt = probe.Runtime(flags or ProbeFlags(), lambda _rt: sink)
+        patched = probe.install(vllm_mod, rt, "0.32.0")
+        assert "Scheduler.schedule" in patched
+        return sink, rt
+
+    yield make
+    probe.uninstall(vllm_mod)
+
+
+def drive(sched, requests, max_steps=5000):
+    """Run to idle, recording independent snapshots per step index."""
+    from vllm_probe import testing
+
+    for r in requests:
+        sched.add_request(r)
+    before, after = [], []
+    for _ in range(max_steps):
+        if not sched.has_requests():
+            break
+        before.append({r.request_id: r.num_computed_tokens for r in sched.running})
+        out = testing.step(sched)
+        after.append({
+            "scheduled": out.total_num_scheduled_tokens,
+            "n_reqs": len(out.num_scheduled_tokens),
+        })
+    else:
+        raise AssertionError("workload did not finish")
+    return before, after
+
+
+def chunks_by_request(sink):
+    by_req = defaultdict(list)
+    for c in sink.of("chunk"):
+        by_req[c["req_id"]].append(c)
+    return by_req
+
+
+def split_passes(chunks):
+    """Split a request's chunk events into prefill passes (chunk_index restarts at 0)."""
+    passes = []
+    for c in chunks:
+        if c["chunk_index"] == 0:
+            passes.append([])
+        passes[-1].append(c)
+    return passes
+
+
+def assert_tiles(pass_chunks):
+    """A pass's chunks tile [prefix hit, prefill_len) with `last` only on the final one."""
+    first = pass_chunks[0]
+    assert first["prefix_hit_tokens"] == first["start"]
+    pos = first["start"]
+    for i, c in enumerate(pass_chunks):
+        assert c["chunk_index"] == i
+        assert c["start"] == pos, (c, pos)
+        assert c["end"] > c["start"]
+        pos = c["end"]
+        assert c["last"] == (i == len(pass_chunks) - 1)
+        if i:
+            assert c["prefix_hit_tokens"] is None
+    assert pos == first["prefill_len"]
+
+
+def assert_step_invariants(sink, after, budget):
+    steps = sink.of("step")
+    assert [s["step"] for s in steps] == list(range(len(after)))
+    chunk_tokens = defaultdict(int)
+    chunk_count = defaultdict(int)
+    for c in sink.of("chunk"):
+        chunk_tokens[c["step"]] += c["end"] - c["start"]
+        chunk_count[c["step"]] += 1
+    for s, snap in zip(steps, after):
+        assert s["scheduled_tokens"] == snap["scheduled"]
+        assert s["token_budget"] == budget
+        assert s["scheduled_tokens"] <= budget
+        assert s["prefill_tokens"] == chunk_tokens[s["step"]]
+        assert s["prefill_reqs"] == chunk_count[s["step"]]
+        assert s["scheduled_tokens"] == s["prefill_tokens"] + s["decode_tokens"]
+        assert s["prefill_reqs"] + s["decode_reqs"] == snap["n_reqs"]
+
+
+def test_exact_chunk_boundaries_two_requests(probed):
+    """Budget 128: a 300-token prompt is cut 128/128/44; the 50-token one fits beside the 44."""
+    from vllm_probe import testing
+
+    sink, _ = probed()
+    sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=128, num_blocks=200))
+    a = testing.make_request(300, 3, req_id="A")
+    b = testing.make_request(50, 3, req_id="B")
+    _, after = drive(sched, [a, b])
+    got = [(c["step"], c["req_id"], c["chunk_index"], c["start"], c["end"], c["last"]) for c in sink.of("chunk")]
+    assert got == [
+        (0, "A", 0, 0, 128, False),
+        (1, "A", 1, 128, 256, False),
+        (2, "A", 2, 256, 300, True),
+        (2, "B", 0, 0, 50, True),
+    ]
+    assert all(c["prompt_len"] == c["prefill_len"] for c in sink.of("chunk"))
+    steps = sink.of("step")
+    assert (steps[2]["prefill_reqs"], steps[2]["prefill_tokens"], steps[2]["new_reqs"]) == (2, 94, 1)
+    # A samples its first token at step 2; at step 3 both decode.
+    assert (steps[3]["decode_reqs"], steps[3]["decode_tokens"], steps[3]["prefill_reqs"]) == (2, 2, 0)
+    assert_step_invariants(sink, after, 128)
+    finished = {e["req_id"]: e for e in sink.of("request_finished")}
+    assert finished["A"]["output_tokens"] == 3 and finished["A"]["reason"] == "length"
+    added = sink.of("request_added")
+    assert [(e["req_id"], e["prompt_len"], e["max_tokens"]) for e in added] == [("A", 300, 3), ("B", 50, 3)]
+
+
+def test_chunks_tile_prompts_and_steps_add_up(probed):
+    from vllm_probe import testing
+
+    sink, _ = probed()
+    sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=96, num_blocks=300))
+    lens = [300, 50, 129, 700, 17, 96]
+    reqs = [testing.make_request(n, 4) for n in lens]
+    _, after = drive(sched, reqs)
+    by_req = chunks_by_request(sink)
+    assert set(by_req) == {r.request_id for r in reqs}
+    for r, n in zip(reqs, lens):
+        (only_pass,) = split_passes(by_req[r.request_id])
+        assert only_pass[0]["start"] == 0 and only_pass[-1]["end"] == n
+        assert_tiles(only_pass)
+        assert not any(c["resumed"] for c in only_pass)
+    assert len(by_req[reqs[3].request_id]) >= 700 // 96 + 1
+    assert_step_invariants(sink, after, 96)
+    assert sink.of("preempt") == []
+
+
+def test_prefix_cache_hit_on_first_chunk(probed):
+    """With prefix caching, a prompt sharing 64 tokens (4 blocks of 16) starts at 64."""
+    from vllm_probe import testing
+
+    sink, _ = probed()
+    sched = testing.make_scheduler(testing.SchedulerSpec(
+        max_num_batched_tokens=64, num_blocks=100, enable_prefix_caching=True))
+    prefix = list(range(10, 74))
+    drive(sched, [testing.make_request(100, 2, req_id="first", prefix=prefix)])
+    drive(sched, [testing.make_request(100, 2, req_id="second", prefix=prefix)])
+    second = chunks_by_request(sink)["second"]
+    assert [(c["start"], c["end"], c["prefix_hit_tokens"]) for c in second] == [(64, 100, 64)]
+    assert second[0]["last"] is True
+
+
+def test_preemptions_name_victim_and_discarded_tokens(probed):
+    """KV of 11 usable blocks, 3 requests growing to 7 blocks each: vLLM must preempt."""
+    from vllm_probe import testing
+
+    sink, _ = probed()
+    sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=12))
+    reqs = [testing.make_request(40, 60, req_id=f"r{i}") for i in range(3)]
+    before, after = drive(sched, reqs)
+    preempts = sink.of("preempt")
+    assert preempts, "workload was meant to preempt"
+    steps = sink.of("step")
+    count = defaultdict(int)
+    for p in preempts:
+        # the victim's computed tokens at the start of that step, seen by the test loop
+        assert p["discarded_tokens"] == before[p["step"]][p["req_id"]]
+        assert p["req_id"] in steps[p["step"]]["preempted"]
+        count[p["req_id"]] += 1
+        assert p["num_preemptions"] == count[p["req_id"]]
+        assert p["prompt_len"] == 40 and p["reason"] == "kv_cache"
+        # a decoding victim has computed its prompt and all outputs but the last sampled one
+        if p["output_tokens"]:
+            assert p["discarded_tokens"] == p["prompt_len"] + p["output_tokens"] - 1
+    assert sum(len(s["preempted"]) for s in steps) == len(preempts)
+    # every preempted request re-prefills: a resumed pass that tiles up to prompt + outputs
+    by_req = chunks_by_request(sink)
+    for rid in count:
+        passes = split_passes(by_req[rid])
+        resumed = [p for p in passes if p[0]["resumed"]]
+        assert len(resumed) == count[rid]
+        for ps in passes:
+            assert_tiles(ps)
+        for ps in resumed:
+            victim = next(p for p in preempts if p["req_id"] == rid and p["step"] <= ps[0]["step"])
+            assert ps[-1]["prefill_len"] >= victim["prompt_len"] + victim["output_tokens"]
+    assert_step_invariants(sink, after, 64)
+    finished = sink.of("request_finished")
+    assert sorted(e["req_id"] for e in finished) == ["r0", "r1", "r2"]
+    assert all(e["output_tokens"] == 60 for e in finished)
+    assert {e["req_id"]: e["num_preemptions"] for e in finished} == {r: count.get(r, 0) for r in ("r0", "r1", "r2")}
+
+
+def test_engine_config_reports_effective_settings(probed):
+    from vllm_probe import testing
+
+    sink, _ = probed()
+    testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=80, max_num_seqs=7, num_blocks=33, block_size=16))
+    (cfg,) = sink.of("engine_config")
+    assert cfg["max_num_batched_tokens"] == 80
+    assert cfg["max_num_seqs"] == 7
+    assert cfg["num_kv_blocks"] == 33 and cfg["block_size"] == 16
+    assert cfg["kv_capacity_tokens"] == 32 * 16
+    assert cfg["enable_chunked_prefill"] is True and cfg["prefix_caching"] is False
+    assert cfg["scheduling_policy"] == "fcfs"
+    assert cfg["scheduler_class"] == "Scheduler"
+    assert "Scheduler._preempt_request" in cfg["patched"]
+
+
+@pytest.mark.parametrize("flag,kind", [
+    ("log_schedule_each_step", "step"),
+    ("log_preempt_events", "preempt"),
+    ("log_chunk_boundaries", "chunk"),
+    ("log_request_events", "request_added"),
+])
+def test_each_flag_off_removes_only_its_events(probed, flag, kind):
+    from vllm_probe import testing
+    from vllm_probe.settings import ProbeFlags
+
+    sink, _ = probed(ProbeFlags(**{flag: False}))
+    sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=12))
+    drive(sched, [testing.make_request(40, 60) for _ in range(3)])
+    kinds = {k for k, _ in sink.events}
+    assert kind not in kinds
+    expected = {"engine_config", "step", "preempt", "chunk", "request_added", "request_finished"}
+    if kind == "request_added":
+        expected.discard("request_finished")
+    assert kinds == expected - {kind}
+
+
+def test_async_scheduler_wrapped_once(probed):
+    """AsyncScheduler calls super(): one step event per schedule(), no duplicate chunks."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from vllm_probe import testing
+
+    sink, _ = probed()
+    sched = testing.make_scheduler(
+        testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=200), scheduler_cls=AsyncScheduler)
+    assert "schedule" not in AsyncScheduler.__dict__  # reached through the base class
+    sched.add_request(testing.make_request(150, 2, req_id="x"))
+    calls = 0
+    while sched.has_requests() and calls < 50:
+        testing.step(sched)
+        calls += 1
+    assert len(sink.of("step")) == calls
+    chunks = [(c["start"], c["end"]) for c in sink.of("chunk")]
+    assert chunks == [(0, 64), (64, 128), (128, 150)]
+    assert sink.of("engine_config")[0]["scheduler_class"] == "AsyncScheduler"
+
+
+def test_install_is_idempotent(probed, vllm_mod):
+    from vllm_probe import probe
+
+    _, rt = probed()
+    wrapped = vllm_mod.schedule
+    original = getattr(wrapped, probe.WRAPPED_ATTR)
+    assert probe.install(vllm_mod, rt, "0.32.0") == rt.patched
+    assert vllm_mod.schedule is wrapped
+    assert getattr(vllm_mod.schedule, probe.WRAPPED_ATTR) is original
+    assert not hasattr(original, probe.WRAPPED_ATTR)
