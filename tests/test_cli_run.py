@@ -1,0 +1,60 @@
+"""`vllm-probe run` and the `vllm-probe COMMAND` shorthand, with commands that are not vLLM."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+
+from tests.conftest import ROOT, run_cli
+
+SHOW_ENV = ("import os, json; print(json.dumps({k: v for k, v in os.environ.items() "
+            "if k.startswith('VLLMPROBE_') or k == 'VLLM_PLUGINS'}))")
+
+
+def test_exit_code_is_passed_on_and_recorded(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("run", "--out", str(out), "--", "sh", "-c", "exit 3")
+    assert proc.returncode == 3
+    assert f"vllm-probe: events -> {out}" in proc.stderr
+    assert "0 steps, 0 chunks, 0 preemptions" in proc.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["exit_code"] == 3 and meta["command"] == ["sh", "-c", "exit 3"]
+    assert meta["end_time"] >= meta["start_time"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+
+
+def test_environment_enables_the_plugin(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    proc = run_cli("run", "--out", str(out), "--settings", "configs/settings.minimal.yaml",
+                   "--", sys.executable, "-c", SHOW_ENV)
+    assert proc.returncode == 0, proc.stderr
+    env = json.loads(proc.stdout)
+    assert env == {
+        "VLLMPROBE_ENABLE": "1",
+        "VLLMPROBE_RUN_DIR": str(out.resolve()),
+        "VLLMPROBE_SETTINGS": str((ROOT / "configs/settings.minimal.yaml").resolve()),
+    }
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["flags"]["log_schedule_each_step"] is False
+
+
+def test_vllm_plugins_gets_ours_added(tmp_path):
+    import os
+
+    env = {**os.environ, "VLLM_PLUGINS": "other_plugin"}
+    proc = run_cli("run", "--out", str(tmp_path / "r"), "--", sys.executable, "-c", SHOW_ENV, env=env)
+    assert json.loads(proc.stdout)["VLLM_PLUGINS"] == "other_plugin,vllm_probe"
+    env["VLLM_PLUGINS"] = "vllm_probe,other_plugin"
+    proc = run_cli("run", "--out", str(tmp_path / "r2"), "--", sys.executable, "-c", SHOW_ENV, env=env)
+    assert json.loads(proc.stdout)["VLLM_PLUGINS"] == "vllm_probe,other_plugin"
+
+
+def test_shorthand_runs_the_command_in_a_new_run_dir(tmp_path):
+    proc = run_cli(sys.executable, "-c", "print('hello')", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "hello"
+    runs = list((tmp_path / "vllm-probe-runs").iterdir())
+    assert len(runs) == 1 and (runs[0] / "meta.json").exists()
+    assert f"events -> vllm-probe-runs/{runs[0].name}" in proc.stderr

@@ -1,0 +1,69 @@
+"""settings.json / YAML / TOML: flags, and errors that name the file and the key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_probe.settings import ProbeFlags, SettingsError, load_settings
+
+ROOT_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+
+
+def write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_seed_settings_file_loads_with_its_flags():
+    s = load_settings(ROOT_CONFIGS / "settings.json")
+    assert s.flags == ProbeFlags(True, True, True)
+    assert s.model == "facebook/opt-125m"
+    assert s.sampling == {"temperature": 0.8, "top_p": 0.95, "max_tokens": 256}
+
+
+def test_yaml_and_toml_give_the_same_flags(tmp_path):
+    y = write(tmp_path, "s.yaml", "scheduler_probe:\n  log_schedule_each_step: false\n  queue_capacity: 10\n")
+    t = write(tmp_path, "s.toml", "[scheduler_probe]\nlog_schedule_each_step = false\nqueue_capacity = 10\n")
+    expected = ProbeFlags(log_schedule_each_step=False, queue_capacity=10)
+    assert load_settings(y).flags == expected
+    assert load_settings(t).flags == expected
+    assert load_settings(ROOT_CONFIGS / "settings.minimal.yaml").flags == ProbeFlags(log_schedule_each_step=False)
+
+
+def test_defaults_without_a_file():
+    assert load_settings(None).flags == ProbeFlags()
+    assert load_settings(None).flags.log_chunk_boundaries is True
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ('{"scheduler_probe": {"log_preempt_event": true}}', "unknown key 'scheduler_probe.log_preempt_event'"),
+    ('{"scheduler_probe": {"log_preempt_events": "yes"}}', 'scheduler_probe.log_preempt_events: expected true/false, got "yes"'),
+    ('{"scheduler_probe": {"queue_capacity": true}}', "scheduler_probe.queue_capacity: expected an integer, got true"),
+    ('{"scheduler_probe": {"queue_capacity": 0}}', "queue_capacity must be at least 1"),
+    ('{"sampling": {"max_tokens": 1.5}}', "sampling.max_tokens: expected an integer, got 1.5"),
+    ('{"taotoken": {}}', "unknown key 'taotoken'"),
+    ('{"scheduler_probe": []}', "scheduler_probe: expected an object"),
+    ('[1, 2]', "the top level must be an object"),
+    ('{"scheduler_probe": {', "not valid JSON"),
+])
+def test_errors_name_file_and_key(tmp_path, text, fragment):
+    p = write(tmp_path, "settings.json", text)
+    with pytest.raises(SettingsError) as e:
+        load_settings(p)
+    msg = str(e.value)
+    assert msg.startswith(str(p))
+    assert fragment in msg
+    assert "\n" not in msg
+
+
+def test_missing_file_is_a_settings_error(tmp_path):
+    with pytest.raises(SettingsError, match="settings file not found"):
+        load_settings(tmp_path / "nope.json")
+
+
+def test_flags_round_trip_to_dict():
+    f = ProbeFlags(log_chunk_boundaries=False)
+    assert ProbeFlags(**json.loads(json.dumps(f.to_dict()))) == f

@@ -1,0 +1,64 @@
+"""EventSink: JSON lines with the common fields, probe_stats last, counted drops."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from vllm_probe.events import CHUNK, SCHEMA_VERSION, STEP
+from vllm_probe.sink import EventSink
+
+
+def step_values(i):
+    return (i, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], [])
+
+
+def read_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_lines_carry_common_fields_and_close_with_stats(tmp_path):
+    path = tmp_path / "events-1.jsonl"
+    sink = EventSink(path, stats_extra=lambda: ({"step": 0}, []))
+    sink.emit(STEP, 100.25, 3, step_values(0))
+    sink.emit(CHUNK, 100.5, 3, (0, "r1", 0, 0, 64, 100, 100, False, False, 0))
+    sink.emit(CHUNK, 100.75, 3, (1, "r1", 1, 64, 100, 100, 100, True, False, None))
+    sink.close()
+    lines = read_lines(path)
+    assert [e["event"] for e in lines] == ["step", "chunk", "chunk", "probe_stats"]
+    assert list(lines[0])[:5] == ["event", "ts", "pid", "engine", "schema"]
+    assert lines[0]["ts"] == 100.25 and lines[0]["engine"] == 3
+    assert lines[0]["pid"] == os.getpid() and lines[0]["schema"] == SCHEMA_VERSION
+    assert lines[0]["scheduled_tokens"] == 10 and lines[0]["schedule_us"] == 12.5
+    assert lines[1]["prefix_hit_tokens"] == 0
+    assert "prefix_hit_tokens" not in lines[2]  # optional and absent on later chunks
+    assert lines[-1]["events_written"] == 3 and lines[-1]["events_dropped"] == 0
+    assert lines[-1]["hook_errors"] == {"step": 0}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_full_queue_drops_and_counts(tmp_path):
+    path = tmp_path / "events-2.jsonl"
+    sink = EventSink(path, capacity=5, flush_interval_s=60)  # the writer never wakes before close
+    for i in range(12):
+        sink.emit(STEP, 1.0 + i, 0, step_values(i))
+    sink.close()
+    lines = read_lines(path)
+    assert [e["step"] for e in lines[:-1]] == [0, 1, 2, 3, 4]
+    assert lines[-1]["events_written"] == 5 and lines[-1]["events_dropped"] == 7
+
+
+def test_close_is_idempotent_and_writer_flushes_periodically(tmp_path):
+    import time
+
+    path = tmp_path / "events-3.jsonl"
+    sink = EventSink(path, flush_interval_s=0.05)
+    sink.emit(STEP, 1.0, 0, step_values(0))
+    deadline = time.time() + 5
+    while time.time() < deadline and not path.read_text():
+        time.sleep(0.02)
+    assert len(read_lines(path)) == 1  # on disk before close
+    sink.close()
+    sink.close()
+    assert [e["event"] for e in read_lines(path)] == ["step", "probe_stats"]
