@@ -11,6 +11,8 @@ ENABLE = "VLLMPROBE_ENABLE"
 RUN_DIR = "VLLMPROBE_RUN_DIR"
 #: Path of a settings file (JSON, YAML or TOML) whose ``scheduler_probe`` section is used.
 SETTINGS = "VLLMPROBE_SETTINGS"
+#: "1" lets ``vllm-probe`` show the traceback of an internal error instead of one line.
+DEBUG = "VLLMPROBE_DEBUG"
 
 #: vLLM's own allow-list of plugin entry-point names (comma-separated), which we extend.
 VLLM_PLUGINS = "VLLM_PLUGINS"

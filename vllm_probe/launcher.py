@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from . import __version__, envvars
 from .reader import ReadStats, iter_file
-from .rundir import create_run_dir, event_files, read_meta, write_meta
+from .rundir import META_FILE, RunDirError, create_run_dir, event_files, read_meta, write_meta
 from .settings import Settings
 
 
@@ -47,11 +47,31 @@ def resolve_command(command: list[str]) -> str:
             raise LaunchError(f"command not found: {exe}", 127)
         if path.is_dir() or not os.access(path, os.X_OK):
             raise LaunchError(f"command is not executable: {exe}", 126)
-        return str(path)
-    found = shutil.which(exe)
-    if found is None:
-        raise LaunchError(f"command not found: {exe}", 127)
+        found = str(path)
+    else:
+        found = shutil.which(exe)
+        if found is None:
+            raise LaunchError(f"command not found: {exe}", 127)
+    _check_runnable(exe, found)
     return found
+
+
+def _check_runnable(exe: str, path: str) -> None:
+    """Refuse files the kernel cannot start (no ``#!`` line, missing interpreter) now,
+    before a run directory exists. :func:`spawn` still turns the rare rest into a
+    :class:`LaunchError`."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:  # e.g. execute-only: the kernel may still run it
+        return
+    if head.startswith(b"#!"):
+        words = head[2:].split(b"\n", 1)[0].split()
+        interpreter = os.fsdecode(words[0]) if words else ""
+        if not interpreter or not os.access(interpreter, os.X_OK) or os.path.isdir(interpreter):
+            raise LaunchError(f"bad interpreter {interpreter!r} in the #! line of {exe}", 126)
+    elif b"\0" not in head and not head.startswith(b"\x7fELF"):  # text without #!: ENOEXEC
+        raise LaunchError(f"command is a text file without a #! line: {exe}", 126)
 
 
 def probe_env(run_dir: Path, settings: Settings, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -145,23 +165,41 @@ def start_run(command: list[str], settings: Settings, out: Path | None = None) -
         "end_time": None,
         "exit_code": None,
     }
-    write_meta(run_dir, meta)
+    try:
+        write_meta(run_dir, meta)
+    except OSError as e:
+        raise RunDirError(f"cannot write {run_dir / META_FILE}: {e.strerror or e}") from None
     return run_dir, meta
 
 
 def finish_run(run_dir: Path, meta: dict[str, Any], exit_code: int) -> None:
+    """Record how the command ended in ``meta.json``. Never raises: the command has
+    already run, and its exit code matters more than the metadata (one warning line)."""
     meta = {**read_meta(run_dir), **meta, "end_time": time.time(), "exit_code": exit_code}
-    write_meta(run_dir, meta)
+    try:
+        write_meta(run_dir, meta)
+    except OSError as e:
+        print(f"vllm-probe: warning: cannot update {Path(run_dir) / META_FILE}: {e.strerror or e}",
+              file=sys.stderr, flush=True)
 
 
 def spawn(command: list[str], run_dir: Path, settings: Settings,
           stdout: IO | None = None, stderr: IO | None = None) -> subprocess.Popen:
-    """Start the command with the probe's environment (its own session when logged)."""
-    return subprocess.Popen(
-        command, env=probe_env(run_dir, settings), stdout=stdout, stderr=stderr,
-        stdin=subprocess.DEVNULL if stdout is not None else None,
-        start_new_session=stdout is not None,
-    )
+    """Start the command with the probe's environment (its own session when logged).
+
+    Raises:
+        LaunchError: the kernel refused to start it (recorded in ``meta.json``).
+    """
+    try:
+        return subprocess.Popen(
+            command, env=probe_env(run_dir, settings), stdout=stdout, stderr=stderr,
+            stdin=subprocess.DEVNULL if stdout is not None else None,
+            start_new_session=stdout is not None,
+        )
+    except OSError as e:
+        code = 127 if isinstance(e, FileNotFoundError) else 126
+        finish_run(run_dir, {"error": f"cannot start: {e.strerror or e}"}, code)
+        raise LaunchError(f"cannot start {command[0]}: {e.strerror or e}", code) from None
 
 
 def run_foreground(command: list[str], settings: Settings, out: Path | None = None) -> int:

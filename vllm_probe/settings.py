@@ -90,7 +90,8 @@ def _check_type(value: Any, expected: type | tuple[type, ...], where: str) -> No
     else:
         ok = isinstance(value, exp)
     if not ok:
-        raise SettingsError(f"{where}: expected {_type_name(expected)}, got {json.dumps(value)}")
+        # default=str: YAML and TOML also decode dates and times, which json cannot encode
+        raise SettingsError(f"{where}: expected {_type_name(expected)}, got {json.dumps(value, default=str)}")
 
 
 def _parse_text(text: str, path: Path) -> Any:
@@ -107,6 +108,8 @@ def _parse_text(text: str, path: Path) -> Any:
         raise SettingsError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise SettingsError(f"{path}: nested too deeply to be a settings file") from None
 
 
 def parse_settings(data: Any, source: str) -> Settings:

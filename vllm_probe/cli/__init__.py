@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+from .. import envvars
 from ..settings import SettingsError
 from ..rundir import RunDirError
 
@@ -46,8 +48,15 @@ class CliError(Exception):
         self.code = code
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``vllm-probe: error: ...``), exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vllm-probe",
         description="See what vLLM's V1 scheduler does: steps, prefill chunks, preemptions.",
         epilog="Shorthand: `vllm-probe COMMAND [ARGS...]` runs COMMAND with the probe, "
@@ -69,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         argv = ["run", "--", *argv]  # `vllm-probe COMMAND ...` shorthand
+    if not argv:
+        print("vllm-probe: error: no command given (usage: vllm-probe run -- COMMAND [ARGS...]; "
+              "vllm-probe --help lists the subcommands)", file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
@@ -83,3 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # `vllm-probe export ... | head`
         return 0
+    except Exception as e:  # a bug of ours: one line, not a traceback (VLLMPROBE_DEBUG=1 shows it)
+        if os.environ.get(envvars.DEBUG) == "1":
+            raise
+        print(f"vllm-probe: error: internal error ({type(e).__name__}: {e}); "
+              f"set {envvars.DEBUG}=1 for the traceback", file=sys.stderr)
+        return 1
