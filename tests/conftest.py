@@ -78,3 +78,100 @@ def _no_probe_env(monkeypatch):
     """Tests start from an environment where the probe is off."""
     for name in ("VLLMPROBE_ENABLE", "VLLMPROBE_RUN_DIR", "VLLMPROBE_SETTINGS"):
         monkeypatch.delenv(name, raising=False)
+
+
+#: Marker text inside every prompt the server fixture sends (privacy tests look for it).
+SENTINEL = "SENTINEL-7f3a"
+SERVER_REQUESTS = 4
+SERVER_MAX_TOKENS = 12
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server_run(tmp_path_factory):
+    """vLLM's OpenAI-compatible server under ``vllm-probe run``, on loopback.
+
+    Sends :data:`SERVER_REQUESTS` completions whose prompts contain :data:`SENTINEL`,
+    then stops the server with SIGTERM sent to ``vllm-probe`` (which passes it on).
+    Returns a namespace: ``run_dir``, ``responses`` (decoded JSON bodies), ``statuses``,
+    ``returncode`` of ``vllm-probe``, ``log`` (its combined output).
+    """
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed")
+    import json
+    import signal
+    import time
+    import types
+    import urllib.request
+
+    from vllm_probe.tiny_model import write_tiny_model
+
+    base = tmp_path_factory.mktemp("server")
+    run_dir, log_path = base / "run", base / "server.log"
+    port = _free_port()
+    cmd = vllm_probe_cmd(
+        "run", "--out", str(run_dir), "--", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(write_tiny_model()), "--load-format", "dummy", "--enforce-eager",
+        "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
+        "--num-gpu-blocks-override", "64", "--gpu-memory-utilization", "0.3",
+    )
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        try:
+            deadline = time.time() + 300
+            while True:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.time() < deadline, "server did not become ready"
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.5)
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
+                model = json.load(r)["data"][0]["id"]
+            statuses, responses = [], []
+            for i in range(SERVER_REQUESTS):
+                body = json.dumps({
+                    "model": model, "max_tokens": SERVER_MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
+                    "prompt": f"{SENTINEL} request {i}: " + " ".join(f"w{j % 50}" for j in range(150)),
+                }).encode()
+                req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=120) as r:
+                    statuses.append(r.status)
+                    responses.append(json.load(r))
+            proc.send_signal(signal.SIGTERM)
+            returncode = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return types.SimpleNamespace(run_dir=run_dir, responses=responses, statuses=statuses,
+                                 returncode=returncode, log=log_path.read_text(errors="replace"))
+
+
+@pytest.fixture(scope="session")
+def unprobed_quick_run(tmp_path_factory):
+    """:data:`QUICK_WORKLOAD` run WITHOUT vllm-probe (plain ``python examples/...``).
+
+    Runs in an empty directory with the probe's variables removed from the
+    environment; returns ``(cwd, CompletedProcess)``. Used to show that an installed
+    but not enabled plugin patches nothing, and that outputs match a probed run.
+    """
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed")
+    cwd = tmp_path_factory.mktemp("unprobed")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLMPROBE_")}
+    proc = subprocess.run([sys.executable, str(EXAMPLE), *QUICK_WORKLOAD], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return cwd, proc

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from . import __version__, compat, envvars
 from .events import CHUNK, ENGINE_CONFIG, PREEMPT, REQUEST_ADDED, REQUEST_FINISHED, STEP
 from .settings import ProbeFlags
+from .signals import on_stop_signals
 from .sink import EventSink
 
 logger = logging.getLogger("vllm_probe")
@@ -100,7 +101,9 @@ def file_sink_factory(run_dir: Path) -> Callable[[Runtime], EventSink]:
             Path(run_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError:
             pass  # the sink reports the failure to open the file
-        return EventSink(path, capacity=rt.flags.queue_capacity, stats_extra=rt.health.snapshot)
+        sink = EventSink(path, capacity=rt.flags.queue_capacity, stats_extra=rt.health.snapshot)
+        on_stop_signals(sink.checkpoint)
+        return sink
 
     return make
 

@@ -80,6 +80,10 @@ class EventSink:
         self._failure: str | None = None
         self._closed = False
         self._close_lock = threading.Lock()
+        # the writer thread vs. flush()/close()/checkpoint(); re-entrant because a stop
+        # signal's checkpoint may interrupt the main thread inside close()
+        self._drain_lock = threading.RLock()
+        self._stats_at: tuple[int, int] | None = None  # (written, dropped) at the last probe_stats
         self._stop = threading.Event()
         self._buffer = _LineBuffer()
         self._log = structlog.wrap_logger(
@@ -127,7 +131,15 @@ class EventSink:
                 payload[f.name] = v
             log.msg(kind.name, **payload)
 
+    def flush(self) -> None:
+        """Write everything queued so far, on the caller's thread (tests, benchmarks)."""
+        self._drain()
+
     def _drain(self) -> None:
+        with self._drain_lock:
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
         q = self._queue
         n = len(q)
         if not n:
@@ -177,6 +189,33 @@ class EventSink:
     def dropped(self) -> int:
         return self.dropped_full + self.dropped_io
 
+    def _write_stats(self) -> None:
+        with self._drain_lock:
+            if self._file is None:
+                return
+            errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
+            self._stats_at = (self.written, self.dropped)
+            self._render([(PROBE_STATS, time.time(), 0, (self.written, self.dropped, errors, disabled))])
+            lines, self._buffer.lines = self._buffer.lines, []
+            self._write_lines(lines, counted=0)
+
+    def checkpoint(self) -> None:
+        """Write what is queued and a ``probe_stats`` line now; the file stays open.
+
+        Called on SIGTERM/SIGINT (:func:`vllm_probe.signals.on_stop_signals`): vLLM's
+        shutdown may SIGKILL the engine core right after (0.32's process manager does
+        when the engine core does not exit at once), before ``atexit`` runs. Events
+        emitted later are followed by another ``probe_stats`` at :meth:`close`; the
+        last one in a file is final. Never raises.
+        """
+        if os.getpid() != self.pid or self._closed:
+            return
+        try:
+            self._drain()
+            self._write_stats()
+        except Exception:
+            logger.debug("vllm-probe: checkpoint failed", exc_info=True)
+
     def close(self) -> None:
         """Drain the queue, write ``probe_stats`` and close the file. Idempotent."""
         if os.getpid() != self.pid:  # a forked child inherited this object
@@ -190,12 +229,8 @@ class EventSink:
             self._thread.join(timeout=5)
         try:
             self._drain()
-            errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
-            values = (self.written, self.dropped, errors, disabled)
-            if self._file is not None:
-                self._render([(PROBE_STATS, time.time(), 0, values)])
-                lines, self._buffer.lines = self._buffer.lines, []
-                self._write_lines(lines, counted=0)
+            if (self.written, self.dropped) != self._stats_at:
+                self._write_stats()
             if self._file is None and (self.dropped or self._failure):
                 logger.warning(
                     "vllm-probe: %d events written, %d dropped (%s)",
