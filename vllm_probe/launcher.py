@@ -122,10 +122,12 @@ def count_events(run_dir: Path) -> RunCounts:
     counts = RunCounts()
     for path in event_files(run_dir):
         counts.files += 1
+        dropped = 0
         for ev in iter_file(path, counts.stats):
             counts.kinds[ev["event"]] += 1
-            if ev["event"] == "probe_stats":
-                counts.dropped += ev.get("events_dropped", 0)
+            if ev["event"] == "probe_stats":  # cumulative: the file's last one counts
+                dropped = ev.get("events_dropped", 0)
+        counts.dropped += dropped
     return counts
 
 
