@@ -5,7 +5,9 @@ base ``Scheduler`` class once, so subclasses that call ``super()`` (``AsyncSched
 the diffusion schedulers) are reached too. Each wrapper calls vLLM's original outside
 any ``try`` of ours and returns its result untouched; the probe's own work sits in a
 ``try`` whose failures are counted per hook (:class:`HookHealth`), and a hook that
-fails :data:`MAX_HOOK_ERRORS` times switches itself off with one warning.
+fails :data:`MAX_HOOK_ERRORS` times switches its events off with one warning; the
+bookkeeping the other hooks rely on (step index, preempted requests awaiting their
+re-prefill) goes on.
 
 Hot-path budget (see docs/performance.md): per step the probe reads a few counters and
 appends one tuple to the sink's queue; per-request work happens only for requests that
@@ -47,11 +49,11 @@ class HookHealth:
         self.errors: dict[str, int] = {h: 0 for h in HOOKS}
         self.disabled: set[str] = set()
 
-    def failed(self, hook: str, exc: BaseException) -> None:
+    def failed(self, hook: str, exc: BaseException, limit: int = MAX_HOOK_ERRORS) -> None:
         self.errors[hook] = self.errors.get(hook, 0) + 1
         if self.errors[hook] == 1:
             logger.debug("vllm-probe: error in hook %r", hook, exc_info=exc)
-        if self.errors[hook] >= MAX_HOOK_ERRORS and hook not in self.disabled:
+        if self.errors[hook] >= limit and hook not in self.disabled:
             self.disabled.add(hook)
             logger.warning(
                 "vllm-probe: hook %r disabled after %d errors (last: %s: %s); vLLM is unaffected",
@@ -243,15 +245,17 @@ class SchedulerProbe:
     # -- preemption (called around vLLM's _preempt_request) ----------------------------
 
     def before_preempt(self, sched: Any, request: Any) -> tuple[int, float]:
+        """Bookkeeping that chunk and step events rely on (runs even when preempt
+        events are switched off); returns what the preempt event needs."""
         rid = request.request_id
         self.prefilling.pop(rid, None)
         self.resume_pending.add(rid)
+        if self.in_schedule:
+            self.step_preempted.append(rid)
         return request.num_computed_tokens, sched.kv_cache_manager.usage
 
     def after_preempt(self, sched: Any, request: Any, snap: tuple[int, float]) -> None:
         rid = request.request_id
-        if self.in_schedule:
-            self.step_preempted.append(rid)
         if not self.flags.log_preempt_events:
             return
         discarded, usage = snap
@@ -299,8 +303,8 @@ def _wrap_init(rt: Runtime, original: Callable) -> Callable:
                 announce, rt.on_first_scheduler = rt.on_first_scheduler, None
                 if announce is not None:
                     announce()
-            except Exception as e:
-                rt.health.failed("engine_config", e)
+            except Exception as e:  # no probe on this scheduler: say so at once
+                rt.health.failed("engine_config", e, limit=1)
     return __init__
 
 
@@ -310,15 +314,18 @@ def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
     @functools.wraps(original)
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
-        if probe is None or "step" in health.disabled:
+        if probe is None:
             return original(self, *args, **kwargs)
-        try:
-            probe.begin_step()
+        try:  # the step index and in_schedule: chunk, preempt and finish events use them
+            probe.begin_step()  # too, so this runs even when step events are switched off
         except Exception as e:
             health.failed("step", e)
         t0 = perf_counter()
         out = original(self, *args, **kwargs)
         seconds = perf_counter() - t0
+        if "step" in health.disabled:
+            probe.in_schedule = False
+            return out
         try:
             probe.end_step(self, out, seconds)
         except Exception as e:
@@ -350,13 +357,13 @@ def _wrap_preempt(rt: Runtime, original: Callable) -> Callable:
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
         snap = None
-        if probe is not None and "preempt" not in health.disabled:
+        if probe is not None:  # bookkeeping for chunk and step events: even when switched off
             try:
                 snap = probe.before_preempt(self, request)
             except Exception as e:
                 health.failed("preempt", e)
         result = original(self, request, *args, **kwargs)
-        if snap is not None:
+        if snap is not None and "preempt" not in health.disabled:
             try:
                 probe.after_preempt(self, request, snap)
             except Exception as e:
