@@ -84,6 +84,9 @@ class RequestState:
     recomputed_tokens: int = 0  # tokens of chunks in resumed passes
     prefix_hit_tokens: int = 0  # of the first pass
     output_tokens: int | None = None  # known at preemption and at finish
+    pass_end_step: int | None = None  # step of the last chunk of the latest finished prefill pass
+    last_preempt_ts: float | None = None  # ts of the latest preemption (epoch s)
+    last_preempt_step: int | None = None  # step of the latest preemption
 
     @property
     def queue_time_s(self) -> float | None:
@@ -116,6 +119,51 @@ class RequestState:
             return None
         return d / (self.output_tokens - 1)
 
+    @property
+    def waiting_since_ts(self) -> float | None:
+        """Since when the request has been waiting to be (re)admitted, epoch s.
+
+        The latest preemption when it has one, else its arrival. Meaningful while the
+        phase is ``waiting`` or ``preempted``.
+        """
+        return self.last_preempt_ts if self.last_preempt_ts is not None else self.arrival_ts
+
+    def estimated_output_tokens(self, current_step: int) -> int | None:
+        """Output tokens generated through ``current_step`` (tokens).
+
+        Exact when the phase is ``finished`` or ``preempted`` (from the events). While
+        decoding it is an estimate: step events carry counts, not per-request decode
+        lists, so it assumes one decode token per step since the prefill pass ended
+        (the last chunk's step samples the first token), capped at ``max_tokens``. vLLM
+        schedules running decodes before new prefills, so it is exact unless the token
+        budget ran out before a decode; then it is an upper bound. None when unknown.
+        """
+        if self.phase == DECODE and self.pass_end_step is not None:
+            base = 0
+            if self.prefill_len is not None and self.prompt_len is not None:
+                base = max(self.prefill_len - self.prompt_len, 0)
+            est = base + 1 + max(current_step - self.pass_end_step, 0)
+            return min(est, self.max_tokens) if self.max_tokens else est
+        if self.output_tokens is not None:
+            return self.output_tokens
+        return 0 if self.phase in (WAITING, PREFILL) else None
+
+    def estimated_computed_tokens(self, current_step: int) -> int | None:
+        """Tokens whose KV is computed through ``current_step`` (tokens).
+
+        Prefill: the end of the latest chunk (exact). Decode: the end of the prefill
+        pass plus one token per step since (estimate, see
+        :meth:`estimated_output_tokens`). Preempted or waiting: 0. Finished: None.
+        """
+        if self.phase == DECODE and self.pass_end_step is not None and self.prefill_len is not None:
+            computed = self.prefill_len + max(current_step - self.pass_end_step, 0)
+            if self.prompt_len is not None and self.max_tokens:
+                computed = min(computed, self.prompt_len + self.max_tokens - 1)
+            return computed
+        if self.phase == FINISHED:
+            return None
+        return self.computed
+
 
 def bound_by(ev: dict, max_num_seqs: int | None) -> str:
     """Which limit held the step back (one of :data:`LIMITS`).
@@ -134,6 +182,40 @@ def bound_by(ev: dict, max_num_seqs: int | None) -> str:
     if ev.get("preempted") or waiting:
         return "kv_cache"
     return "none"
+
+
+@dataclass
+class WindowStats:
+    """Figures over the recent steps of one engine (its rolling window).
+
+    Rates are per second of event time (``ts``), so they are the same live, on a
+    finished run and in a replay.
+    """
+
+    steps: int = 0  # step records in the window
+    first_step: int | None = None
+    last_step: int | None = None
+    span_s: float = 0.0  # ts of the last step minus ts of the first, s
+    step_rate: float | None = None  # steps/s; None with fewer than 2 steps or zero span
+    token_rate: float | None = None  # scheduled tokens/s (the first step's tokens excluded)
+    schedule_us_mean: float | None = None  # µs inside schedule()
+    schedule_us_max: float | None = None  # µs
+    scheduled_tokens: int = 0  # tokens
+    budget_tokens: int = 0  # sum of the steps' token budgets, tokens
+    prefill_tokens: int = 0  # tokens
+    decode_tokens: int = 0  # tokens
+    preemptions: int = 0  # requests preempted in the window's steps
+    preempt_rate: float | None = None  # preemptions/s
+    bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
+
+    @property
+    def budget_use(self) -> float | None:
+        """Scheduled tokens / token budget over the window (0..1)."""
+        return self.scheduled_tokens / self.budget_tokens if self.budget_tokens else None
+
+    @property
+    def preempt_per_100_steps(self) -> float | None:
+        return 100.0 * self.preemptions / self.steps if self.steps else None
 
 
 @dataclass
@@ -182,6 +264,47 @@ class EngineState:
         if req is None:  # events of a request added before the probe started
             req = self.requests[req_id] = RequestState(req_id, self.engine, arrival_step=self.last_step + 1)
         return req
+
+    def window_stats(self, last_n: int | None = None) -> WindowStats:
+        """:class:`WindowStats` over the last ``last_n`` steps of the window (all when None)."""
+        recs = list(self.window)
+        if last_n is not None:
+            recs = recs[-last_n:] if last_n > 0 else []
+        ws = WindowStats(steps=len(recs))
+        if not recs:
+            return ws
+        ws.first_step, ws.last_step = recs[0].step, recs[-1].step
+        ws.span_s = max(recs[-1].ts - recs[0].ts, 0.0)
+        sched_us_max = 0.0
+        for r in recs:
+            ws.scheduled_tokens += r.scheduled
+            ws.budget_tokens += r.budget
+            ws.prefill_tokens += r.prefill_tokens or 0
+            ws.decode_tokens += r.decode_tokens or 0
+            ws.preemptions += r.preempted
+            ws.bound_counts[r.bound] = ws.bound_counts.get(r.bound, 0) + 1
+            if r.schedule_us > sched_us_max:
+                sched_us_max = r.schedule_us
+        ws.schedule_us_mean = sum(r.schedule_us for r in recs) / len(recs)
+        ws.schedule_us_max = sched_us_max
+        if len(recs) >= 2 and ws.span_s > 0:
+            ws.step_rate = (len(recs) - 1) / ws.span_s
+            ws.token_rate = (ws.scheduled_tokens - recs[0].scheduled) / ws.span_s
+            ws.preempt_rate = ws.preemptions / ws.span_s
+        return ws
+
+    def prefills_in_flight(self) -> list[RequestState]:
+        """Requests part-way through a prefill pass (phase ``prefill``), oldest first."""
+        reqs = [r for r in self.requests.values() if r.phase == PREFILL]
+        reqs.sort(key=lambda r: (r.first_scheduled_step if r.first_scheduled_step is not None else 1 << 62, r.req_id))
+        return reqs
+
+    def phase_counts(self) -> dict[str, int]:
+        """Known unfinished requests per phase (requests)."""
+        counts = {WAITING: 0, PREFILL: 0, DECODE: 0, PREEMPTED: 0}
+        for r in self.requests.values():
+            counts[r.phase] = counts.get(r.phase, 0) + 1
+        return counts
 
 
 class RunState:
@@ -252,6 +375,10 @@ class RunState:
     def total(self, attr: str) -> int | float:
         return sum(getattr(e, attr) for e in self.engines.values())
 
+    def engine_ids(self) -> list[int]:
+        """Data-parallel ranks seen so far, sorted."""
+        return sorted(self.engines)
+
     @property
     def config(self) -> dict[str, Any] | None:
         for idx in sorted(self.engines):
@@ -312,6 +439,7 @@ class RunState:
         req.prefill_len = ev.get("prefill_len", req.prompt_len)
         if ev.get("last"):
             req.phase = DECODE
+            req.pass_end_step = ev.get("step")
             if req.first_token_step is None:
                 req.first_token_step = ev.get("step")
                 eng._awaiting_token[req.req_id] = req
@@ -328,6 +456,8 @@ class RunState:
         req.output_tokens = ev.get("output_tokens", req.output_tokens)
         req.phase = PREEMPTED
         req.computed = 0
+        req.last_preempt_ts = ev["ts"]
+        req.last_preempt_step = ev.get("step")
         eng.recent_preempts.append(ev)
 
     def _added(self, eng: EngineState, ev: dict) -> None:
