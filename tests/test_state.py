@@ -207,3 +207,12 @@ def test_engines_are_kept_apart_and_unknown_kinds_ignored():
     assert state.engines[0].preemptions == state.engines[1].preemptions == 1
     assert state.total("preemptions") == 2 and state.total("recomputed_tokens") == 12
     assert state.events == 2 * len(hand_stream())
+
+
+def test_probe_stats_count_the_last_line_per_file():
+    stats = [{"event": "probe_stats", "ts": 101.0 + i, "pid": pid, "engine": 0, "events_written": 10,
+              "events_dropped": dropped, "hook_errors": {}, "hooks_disabled": disabled}
+             for i, (pid, dropped, disabled) in enumerate([(1, 3, []), (1, 5, ["chunk"]), (2, 7, [])])]
+    eng = RunState().apply_all(hand_stream() + stats).engines[0]
+    assert eng.events_dropped == 5 + 7  # pid 1: its last (cumulative) line; pid 2: 7
+    assert eng.hooks_disabled == ["chunk"]

@@ -299,6 +299,23 @@ class EngineState:
         reqs.sort(key=lambda r: (r.first_scheduled_step if r.first_scheduled_step is not None else 1 << 62, r.req_id))
         return reqs
 
+    @property
+    def events_dropped(self) -> int:
+        """Events the probe lost in this engine core (events).
+
+        ``probe_stats`` counts are cumulative per file (process) and may repeat: the
+        last line of each pid counts.
+        """
+        last: dict[Any, int] = {}
+        for ps in self.probe_stats:
+            last[ps.get("pid")] = ps.get("events_dropped", 0) or 0
+        return sum(last.values())
+
+    @property
+    def hooks_disabled(self) -> list[str]:
+        """Hooks the probe switched off after repeated errors (their events stop)."""
+        return sorted({h for ps in self.probe_stats for h in ps.get("hooks_disabled") or ()})
+
     def phase_counts(self) -> dict[str, int]:
         """Known unfinished requests per phase (requests)."""
         counts = {WAITING: 0, PREFILL: 0, DECODE: 0, PREEMPTED: 0}
