@@ -48,8 +48,11 @@ def test_current_step_mid_prefill_and_prefills_in_flight():
     assert "held back by token budget" in flat
     # A is 8 of 10 prompt tokens into its first pass, chunk 0 = [0, 8)
     assert "prefills in flight: 1" in flat
-    row = next(line for line in text.splitlines() if " A " in line and "[0, 8)" in line)
-    assert "first" in row and "8 / 10" in row
+    row = next(line for line in text.splitlines() if re.search(r"│\s+A\s+0 \[0, 8\)", line))
+    assert "8/10" in row
+    stacked = render(RunState().apply_all(upto(hand_stream(), "step", 0)), width=100, height=None, now=100.1)
+    row = next(line for line in stacked.splitlines() if re.search(r"│\s+A\s+first\s+0 \[0, 8\)", line))
+    assert "8/10" in row
 
 
 def test_preemption_panel_and_request_table():

@@ -515,23 +515,32 @@ def _prefills(engines: list[EngineState], width: int, rows: int, multi: bool) ->
                      title_align="left", padding=(0, 1)), 3
     room = max(rows - 3, 1)
     shown = inflight[:room]
-    bar_w = max(min(width - 70, 30), 6)
-    cols = [("request", "left", ""), ("pass", "left", ""), ("chunk", "right", ""), ("[start, end)", "right", ""),
-            ("progress", "left", ""), ("done / prefill", "right", "")]
+    narrow = width < 80  # no "pass" column: recompute passes still show as red bars
+    cols = [("request", "left", ""), ("pass", "left", ""), ("chunk [start, end)", "right", ""),
+            ("done/prefill", "right", "")]
+    if narrow:
+        del cols[1]
     if multi:
         cols.insert(0, ("dp", "right", ""))
-    rows = []
+    rows, bars = [], []
     for r in shown:
         total = r.prefill_len or r.prompt_len or max(r.computed, 1)
         start, end = r.last_chunk or (0, 0)
         row = [r.req_id, Text("recompute", style="red") if r.passes > 1 else Text("first"),
-               str(r.chunk_index), f"[{start:,}, {end:,})",
-               (ProgressBar(total=total, completed=min(r.computed, total), width=bar_w,
-                            complete_style="red" if r.passes > 1 else PREFILL_STYLE), bar_w),
-               f"{r.computed:,} / {total:,}"]
+               f"{r.chunk_index} [{start:,}, {end:,})", f"{r.computed:,}/{total:,}"]
+        if narrow:
+            del row[1]
         if multi:
             row.insert(0, str(r.engine))
         rows.append(row)
+        bars.append((total, min(r.computed, total), "red" if r.passes > 1 else PREFILL_STYLE))
+    # the progress bar takes what the other columns leave (6..30 cells)
+    others = sum(max(len(c[0]), max(Text(str(row[i])).cell_len if not isinstance(row[i], Text) else row[i].cell_len
+                                      for row in rows)) + 2 for i, c in enumerate(cols))
+    bar_w = max(min(width - 4 - others - 2, 30), 6)
+    cols.insert(-1, ("progress", "left", ""))
+    for row, (total, done, style) in zip(rows, bars):
+        row.insert(-1, (ProgressBar(total=total, completed=done, width=bar_w, complete_style=style), bar_w))
     t = _table(cols, rows, width - 4, flex=1 if multi else 0)
     title = f"prefills in flight: {len(inflight)}" + (f" (showing {len(shown)})" if len(shown) < len(inflight) else "")
     return Panel(t, title=title, title_align="left", padding=(0, 1)), len(shown) + 3
@@ -646,11 +655,11 @@ def _compact(state: RunState, engines: list[EngineState], stats: ReadStats | Non
         for k, v in e.phase_counts().items():
             counts[k] += v
     if engines:
-        lines.append(_line(("requests ", "dim"), (f"{counts[PREEMPTED]} preempted", "red"), _sep(),
+        lines.append(_line(("req ", "dim"), (f"{counts[PREEMPTED]} preempted", "red"), _sep(),
                            (f"{counts[PREFILL]} prefill", PREFILL_STYLE), _sep(),
                            (f"{counts[WAITING]} waiting", WAITING_STYLE), _sep(),
                            (f"{counts[DECODE]} decode", DECODE_STYLE), _sep(),
-                           (f"{sum(e.requests_finished for e in engines)} finished", "dim")))
+                           (f"{sum(e.requests_finished for e in engines)} done", "dim")))
     latest = max((ev for e in engines for ev in e.recent_preempts), key=lambda ev: ev["ts"], default=None)
     if latest is not None:
         lines.append(_line(("last preemption ", "red"), f"step {_n(latest.get('step'))} {latest.get('req_id')} ",
@@ -715,7 +724,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
     n_recent = sum(len(e.recent_preempts) for e in engines)
     want_pre = 4 + (1 + min(n_recent, PREEMPT_ROWS) if n_recent else 0)
     n_inflight = sum(1 for e in engines for r in e.requests.values() if r.phase == PREFILL)
-    want_fill = 4 + min(n_inflight, 8) if n_inflight else 3
+    want_fill = 3 + min(n_inflight, 8) if n_inflight else 3
     per_engine = 2 if not multi else 3
     want_chart = 3 + len(engines) * (CHART_ROWS + per_engine)
     min_chart = 3 + per_engine + CHART_MIN_ROWS
@@ -753,18 +762,24 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         if left >= h_current:
             parts.append(current)
             left -= h_current
-        if left >= min_chart:
-            chart_h = min(want_chart, max(left - 3 - 4, min_chart))
-            chart, used = _chart(engines, width, chart_h, view.chart_steps)
+        pre_min, req_min = 4, 5  # preemption summary; requests table with 2 rows
+        if left - pre_min - req_min >= min_chart:
+            chart_h = min(want_chart, left - pre_min - req_min)
+        elif left - pre_min >= min_chart:
+            chart_h = min_chart  # no room for the request table
+        else:
+            chart_h = 0
+        if chart_h:
+            chart, _ = _chart(engines, width, chart_h, view.chart_steps)
             parts.append(_fixed(chart, chart_h))
             left -= chart_h
-        if left >= 4:
-            pre_h = min(want_pre, max(left - 4, 4))
+        if left >= pre_min:
+            pre_h = min(want_pre, max(left - req_min, pre_min))
             pre, _ = _preemptions(engines, width, pre_h, multi)
             parts.append(_fixed(pre, pre_h))
             left -= pre_h
-        if n_inflight and left >= 4 + 4:
-            fill_h = min(want_fill, left - 4)
+        if n_inflight and left >= 4 + req_min:
+            fill_h = min(want_fill, left - req_min)
             fill, _ = _prefills(engines, width, fill_h, multi)
             parts.append(_fixed(fill, fill_h))
             left -= fill_h
