@@ -1,0 +1,531 @@
+"""Watching a run: the follow / replay loops behind ``vllm-probe tail`` and ``run --live``.
+
+:class:`Watcher` reads a run directory (files that appear later included) into a
+:class:`~vllm_probe.state.RunState` and turns it into the dashboard
+(:func:`vllm_probe.dashboard.render_dashboard`) or ``--plain`` lines
+(:class:`vllm_probe.plain.PlainFormatter`). :func:`follow` and :func:`replay` drive it
+for ``tail``; :func:`run_live` starts a command (through :mod:`vllm_probe.launcher`)
+and shows the dashboard while it runs.
+
+The screen is redrawn at most ``refresh_hz`` times per second with rich's ``Live``
+(not on the alternate screen, so the final frame stays in the terminal). When the
+output is not a terminal the dashboard is printed once, at the end, at its natural
+height.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Callable, Iterator
+
+from rich.console import Console, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.text import Text
+
+from .dashboard import View, fmt_duration, render_dashboard
+from .launcher import _exit_code, count_events, finish_run, spawn, start_run
+from .plain import PlainFormatter
+from .reader import Follower, ReadStats, iter_run
+from .rundir import COMMAND_LOG, read_meta
+from .settings import Settings
+from .state import RunState
+
+#: Dashboard redraws per second (default of ``--refresh``).
+REFRESH_HZ = 4.0
+#: Seconds between two looks at the run directory while following.
+POLL_S = 0.1
+#: Bytes read per file per look (bounds memory on a large finished run).
+READ_CHUNK = 4 << 20
+#: Seconds between SIGINT and SIGTERM (and between SIGTERM and SIGKILL) on Ctrl-C.
+GRACE_S = 10.0
+#: Lines of ``command.log`` shown when the command fails.
+LOG_TAIL_LINES = 20
+#: A replay shortens idle gaps between events longer than this (s of event time).
+REPLAY_MAX_GAP_S = 5.0
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Watcher:
+    """A run directory read into a :class:`RunState`, shown as a dashboard or plain lines.
+
+    Args:
+        run_dir: the run directory.
+        plain_out: write ``--plain`` lines here as events arrive (None: dashboard only).
+        engine: only this data-parallel rank (None: all).
+        chart_steps: steps in the rolling chart (None: one per column).
+    """
+
+    def __init__(self, run_dir: Path, *, plain_out: IO[str] | None = None, engine: int | None = None,
+                 chart_steps: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.stats = ReadStats()
+        self.state = RunState(step_window=max(chart_steps or 0, 600))
+        self.follower = Follower(self.run_dir, self.stats)
+        self.formatter = PlainFormatter() if plain_out is not None else None
+        self.out = plain_out
+        self.engine = engine
+        self.chart_steps = chart_steps
+        self.finished = False  # the run has ended: a partial last line is a truncated one
+        self.behind = False  # the last pump stopped on its time budget with data left
+
+    def apply(self, ev: dict) -> None:
+        """Apply one event to the state and print its plain line (if any)."""
+        if self.engine is not None and (ev.get("engine", 0) or 0) != self.engine:
+            return
+        self.state.apply(ev)
+        if self.formatter is not None:
+            line = self.formatter.format(ev)
+            if line is not None:
+                self.out.write(line + "\n")
+
+    def pump(self, budget_s: float | None = None) -> int:
+        """Read what the files hold now (in chunks), apply it; returns events read.
+
+        Stops after ``budget_s`` seconds so that a large backlog does not freeze the
+        screen (the next call continues).
+        """
+        start = time.monotonic()
+        total = 0
+        self.behind = False
+        while True:
+            batch = self.follower.poll(READ_CHUNK)
+            if not batch:
+                break
+            batch.sort(key=lambda ev: ev["ts"])  # files of several engine cores interleave
+            for ev in batch:
+                self.apply(ev)
+            total += len(batch)
+            if budget_s is not None and time.monotonic() - start > budget_s:
+                self.behind = True
+                break
+        if self.out is not None and total:
+            self.out.flush()
+        return total
+
+    @property
+    def truncated(self) -> int:
+        """Incomplete last lines, counted once the run has finished."""
+        return self.follower.pending_partial() if self.finished else 0
+
+    def frame(self, width: int, height: int | None, *, now: float | None, meta: dict, status: str,
+              status_style: str = "bold", log_tail: list[str] | None = None, notice: str | None = None) -> RenderableType:
+        """The dashboard for the current state."""
+        view = View(status=status, status_style=status_style, run_dir=str(self.run_dir), truncated=self.truncated,
+                    log_tail=log_tail or (), notice=notice, engine=self.engine, chart_steps=self.chart_steps)
+        return render_dashboard(self.state, meta, self.stats, width=width, height=height, now=now, view=view)
+
+
+class Screen:
+    """rich ``Live`` redrawn at most ``refresh_hz`` times per second, sized to the terminal.
+
+    On a non-terminal nothing is drawn until :meth:`final`, which prints the last frame
+    at its natural height. Never raises from a render: a failing frame is replaced by
+    a one-line message (the loop goes on).
+    """
+
+    def __init__(self, console: Console, refresh_hz: float = REFRESH_HZ, enabled: bool = True) -> None:
+        self.console = console
+        self.interval = 1.0 / max(refresh_hz, 0.1)
+        self.enabled = enabled
+        self.live: Live | None = None
+        self._next = 0.0
+        self._tty: tuple[int, list] | None = None
+
+    def __enter__(self) -> "Screen":
+        if self.enabled and self.console.is_terminal:
+            self._tty = _echo_off()
+            self.live = Live(console=self.console, auto_refresh=False, vertical_overflow="crop",
+                             redirect_stdout=False, redirect_stderr=False)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        _echo_restore(self._tty)
+        self._tty = None
+
+    def _render(self, make: Callable[[int, int | None], RenderableType], natural: bool) -> RenderableType:
+        width, height = self.console.size
+        try:
+            return make(width, None if natural else max(height - 1, 1))
+        except Exception as e:  # a view bug must not kill the loop (nor the run)
+            return Text(f"vllm-probe: the dashboard failed to render: {type(e).__name__}: {e}", style="bold red")
+
+    def show(self, make: Callable[[int, int | None], RenderableType], force: bool = False) -> None:
+        """Redraw if the refresh interval has passed (or ``force``)."""
+        if self.live is None:
+            return
+        now = time.monotonic()
+        if not force and now < self._next:
+            return
+        self._next = now + self.interval
+        self.live.update(self._render(make, natural=False), refresh=True)
+
+    def final(self, make: Callable[[int, int | None], RenderableType]) -> None:
+        """Draw the last frame and leave it on the screen."""
+        if not self.enabled:
+            return
+        if self.live is not None:
+            self.live.update(self._render(make, natural=False), refresh=True)
+            self.live.stop()
+            self.live = None
+        else:
+            self.console.print(self._render(make, natural=True))
+
+
+def _echo_off() -> tuple[int, list] | None:
+    """Stop the terminal from echoing keys (``^C`` would shift the redrawn frame by a line).
+
+    Only when stdin is the terminal and we are its foreground job (changing it from the
+    background would stop us with SIGTTOU). Returns what :func:`_echo_restore` needs.
+    """
+    try:
+        import termios
+
+        fd = sys.stdin.fileno()
+        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
+            return None
+        old = termios.tcgetattr(fd)
+        new = termios.tcgetattr(fd)
+        new[3] &= ~(termios.ECHO | termios.ECHOCTL)
+        termios.tcsetattr(fd, termios.TCSANOW, new)
+        return fd, old
+    except Exception:  # no termios, no tty, closed stdin: leave the terminal as it is
+        return None
+
+
+def _echo_restore(saved: tuple[int, list] | None) -> None:
+    if saved is None:
+        return
+    try:
+        import termios
+
+        termios.tcsetattr(saved[0], termios.TCSADRAIN, saved[1])
+    except Exception:
+        pass
+
+
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 32768) -> list[str]:
+    """The last ``lines`` non-empty lines of a log file, control characters removed.
+
+    A progress bar redrawn with carriage returns keeps only its latest state.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - max_bytes, 0))
+            data = f.read()
+    except OSError:
+        return []
+    out = []
+    for raw in data.decode("utf-8", "replace").split("\n"):
+        line = _CONTROL.sub("", raw.rsplit("\r", 1)[-1] if "\r" in raw.rstrip("\r") else raw.rstrip("\r")).rstrip()
+        if line:
+            out.append(line)
+    return out[-lines:]
+
+
+def _run_status(meta: dict, now: float) -> tuple[str, str]:
+    """Status line and style from ``meta.json``."""
+    if not meta:
+        return "event files (no meta.json)", "bold"
+    end, code = meta.get("end_time"), meta.get("exit_code")
+    if end is None:
+        return "● live", "bold green"
+    dur = end - meta["start_time"] if meta.get("start_time") else None
+    if code == 0:
+        return f"finished · exit 0 · {fmt_duration(dur)}", "bold green"
+    return f"finished · exit {code} · {fmt_duration(dur)}", "bold red"
+
+
+def _safe_print(out: IO[str], text: str) -> None:
+    out.write(text + "\n")
+    out.flush()
+
+
+def follow(run_dir: Path, *, plain: bool = False, refresh_hz: float = REFRESH_HZ, engine: int | None = None,
+           chart_steps: int | None = None, keep_following: bool = True, console: Console | None = None,
+           out: IO[str] | None = None) -> int:
+    """``vllm-probe tail``: show a run, following it while it is live.
+
+    Follows until ``meta.json`` records the run's end (then shows the final state),
+    or until Ctrl-C. Returns 0, or 1 when a finished run holds no events.
+    """
+    out = out or sys.stdout
+    console = console or Console()
+    watcher = Watcher(run_dir, plain_out=out if plain else None, engine=engine, chart_steps=chart_steps)
+    meta = read_meta(run_dir)
+    last_meta = time.monotonic()
+    waiting_said = False
+    interrupted = False
+
+    def make(width: int, height: int | None) -> RenderableType:
+        status, style = _run_status(meta, time.time())
+        if interrupted:
+            status += " · stopped watching (Ctrl-C)"
+        notice = None
+        if not watcher.state.engines:
+            notice = f"no events yet in {run_dir}" if not _is_finished(meta) else f"no events in {run_dir}"
+        now = meta.get("end_time") if _is_finished(meta) else time.time()
+        return watcher.frame(width, height, now=now or None, meta=meta, status=status, status_style=style,
+                             notice=notice)
+
+    with Screen(console, refresh_hz, enabled=not plain) as screen:
+        try:
+            while True:
+                watcher.pump(budget_s=0.2)
+                if time.monotonic() - last_meta > 1.0:
+                    meta, last_meta = read_meta(run_dir), time.monotonic()
+                done = _is_finished(meta) or not keep_following
+                if done:
+                    watcher.pump()  # drain what the run left behind
+                    watcher.finished = True
+                    break
+                if plain and not watcher.state.events and not waiting_said:
+                    print(f"vllm-probe: waiting for events in {run_dir} …", file=sys.stderr, flush=True)
+                    waiting_said = True
+                screen.show(make)
+                if not watcher.behind:
+                    time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            interrupted = True
+        screen.final(make)
+    if plain and watcher.truncated:
+        print(f"vllm-probe: {watcher.truncated} truncated line(s) at the end of the files", file=sys.stderr)
+    if plain and (watcher.stats.skipped or watcher.stats.newer_schema):
+        print(f"vllm-probe: {watcher.stats.describe()}", file=sys.stderr)
+    if not watcher.state.events and _is_finished(meta) and not interrupted:
+        print(f"vllm-probe: no events in {run_dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _is_finished(meta: dict) -> bool:
+    """A run is over when ``meta.json`` has its end time, or when there is no meta.json."""
+    return not meta or meta.get("end_time") is not None
+
+
+def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz: float = REFRESH_HZ,
+           engine: int | None = None, chart_steps: int | None = None, console: Console | None = None,
+           out: IO[str] | None = None) -> int:
+    """``vllm-probe tail --replay SPEED``: play the run's events back at ``speed``× their pace.
+
+    Events are merged across files in time order; idle gaps longer than
+    :data:`REPLAY_MAX_GAP_S` of event time are shortened to it.
+    """
+    out = out or sys.stdout
+    console = console or Console()
+    speed = speed if speed and speed > 0 else 1.0
+    watcher = Watcher(run_dir, plain_out=out if plain else None, engine=engine, chart_steps=chart_steps)
+    meta = read_meta(run_dir)
+    events: Iterator[dict] = iter_run(run_dir, watcher.stats)
+    clock: dict[str, Any] = {"ev": None, "wall": time.monotonic()}
+    first_ts = [None]
+    interrupted = False
+
+    def event_now() -> float | None:
+        if clock["ev"] is None:
+            return None
+        return clock["ev"] + (time.monotonic() - clock["wall"]) * speed
+
+    def make(width: int, height: int | None) -> RenderableType:
+        now = event_now()
+        pos = f" · t+{fmt_duration(now - first_ts[0])}" if now is not None and first_ts[0] is not None else ""
+        status = f"▶ replay {speed:g}×{pos}" + (" · stopped (Ctrl-C)" if interrupted else "")
+        return watcher.frame(width, height, now=now, meta={**meta, "end_time": None}, status=status,
+                             status_style="bold cyan", notice=None if watcher.state.engines else "no events yet")
+
+    with Screen(console, refresh_hz, enabled=not plain) as screen:
+        try:
+            for ev in events:
+                ts = ev["ts"]
+                if clock["ev"] is None:
+                    clock["ev"], clock["wall"] = ts, time.monotonic()
+                    first_ts[0] = ts
+                now = event_now()
+                if ts - now > REPLAY_MAX_GAP_S:  # idle gap: jump ahead
+                    clock["ev"], clock["wall"] = ts - REPLAY_MAX_GAP_S, time.monotonic()
+                while True:
+                    wait = (ts - event_now()) / speed
+                    if wait <= 0:
+                        break
+                    screen.show(make)
+                    time.sleep(min(wait, screen.interval, 0.25))
+                watcher.apply(ev)
+                screen.show(make)
+            watcher.finished = True
+        except KeyboardInterrupt:
+            interrupted = True
+        if watcher.out is not None:
+            watcher.out.flush()
+        if not interrupted:
+            clock["ev"], clock["wall"] = watcher.state.last_ts, time.monotonic()
+        screen.final(make)
+    if not watcher.state.events and not interrupted:
+        print(f"vllm-probe: no events in {run_dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+class _Stopper:
+    """Stops the command on request: SIGINT, then SIGTERM after a grace period, then SIGKILL.
+
+    Signals go to the command's process group (it runs in its own session, as a
+    terminal's Ctrl-C would reach every process of the foreground job).
+    """
+
+    def __init__(self, proc: subprocess.Popen, grace_s: float) -> None:
+        self.proc = proc
+        self.grace_s = grace_s
+        self.sent: list[str] = []
+        self.deadline: float | None = None
+        self.requested_by: str | None = None
+
+    def _send(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        self.sent.append(signal.Signals(sig).name)
+        self.deadline = time.monotonic() + self.grace_s
+
+    def request(self, signum: int) -> None:
+        """Ctrl-C (SIGINT) or SIGTERM received: start or escalate the stop."""
+        if self.proc.poll() is not None:
+            return
+        self.requested_by = self.requested_by or signal.Signals(signum).name
+        if not self.sent:
+            self._send(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        else:
+            self._escalate()
+
+    def _escalate(self) -> None:
+        if "SIGTERM" not in self.sent:
+            self._send(signal.SIGTERM)
+        elif "SIGKILL" not in self.sent:
+            self._send(signal.SIGKILL)
+
+    def tick(self) -> None:
+        """Escalate when the grace period is over."""
+        if self.deadline is not None and time.monotonic() > self.deadline and self.proc.poll() is None:
+            self._escalate()
+
+    def status(self) -> tuple[str, str]:
+        if not self.sent:
+            return f"● running (pid {self.proc.pid})", "bold green"
+        left = max((self.deadline or 0) - time.monotonic(), 0.0)
+        nxt = "SIGTERM" if "SIGTERM" not in self.sent else ("SIGKILL" if "SIGKILL" not in self.sent else None)
+        text = f"■ stopping: {', '.join(self.sent)} sent"
+        if nxt:
+            text += f"; {nxt} in {left:.0f} s (Ctrl-C again: now)"
+        return text, "bold yellow"
+
+
+def run_live(command: list[str], settings: Settings, out: Path | str | None = None, *,
+             grace_s: float = GRACE_S, refresh_hz: float = REFRESH_HZ, console: Console | None = None) -> int:
+    """``vllm-probe run --live``: run ``command`` with the probe, dashboard in this terminal.
+
+    The command's stdout and stderr go to ``command.log`` in the run directory. Ctrl-C
+    sends SIGINT to the command, SIGTERM after ``grace_s`` seconds (a second Ctrl-C:
+    at once), SIGKILL after another ``grace_s``. When the command fails, the last lines
+    of its log are printed. The run directory is completed (``meta.json`` with end time
+    and exit code) in every case. Returns the command's exit code (128+N when killed
+    by signal N). When stdout is not a terminal, ``--plain`` lines are printed instead.
+
+    Raises:
+        LaunchError, RunDirError: as :func:`vllm_probe.launcher.start_run`.
+    """
+    console = console or Console()
+    plain = not console.is_terminal
+    run_dir, meta = start_run(command, settings, Path(out) if out is not None else None)
+    log_path = run_dir / COMMAND_LOG
+    print(f"vllm-probe: events -> {run_dir}  (command output -> {log_path})", file=sys.stderr, flush=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "ab", buffering=0) as log:
+        proc = spawn(command, run_dir, settings, stdout=log, stderr=subprocess.STDOUT)
+    stopper = _Stopper(proc, grace_s)
+    watcher = Watcher(run_dir, plain_out=sys.stdout if plain else None)
+    started = time.time()
+    shown_meta = dict(meta)  # what the header shows; gets the end time when the command ends
+
+    def make(width: int, height: int | None) -> RenderableType:
+        code = proc.returncode
+        if code is None:
+            status, style = stopper.status()
+        else:
+            code = _exit_code(code)
+            style = "bold green" if code == 0 else "bold red"
+            status = f"finished · exit {code} · {fmt_duration(time.time() - started)}"
+            if stopper.sent:
+                status += f" (stopped: {', '.join(stopper.sent)})"
+        notice = log_tail = None
+        if not watcher.state.engines:
+            log_tail = read_log_tail(log_path, 8)
+            notice = (f"starting: no events yet ({fmt_duration(time.time() - started)}; vLLM's start-up takes a while)"
+                      if code is None else "the command ended before the engine wrote events")
+        return watcher.frame(width, height, now=time.time(), meta=shown_meta, status=status, status_style=style,
+                             log_tail=log_tail, notice=notice)
+
+    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
+    for sig in handlers:
+        signal.signal(sig, lambda signum, _frame: stopper.request(signum))
+    try:
+        try:
+            with Screen(console, refresh_hz, enabled=not plain) as screen:
+                while proc.poll() is None:
+                    watcher.pump(budget_s=0.2)
+                    stopper.tick()
+                    screen.show(make)
+                    if not watcher.behind:
+                        time.sleep(POLL_S)
+                code = _exit_code(proc.returncode)
+                finish_run(run_dir, meta, code)
+                shown_meta.update(read_meta(run_dir))
+                _drain(watcher)
+                screen.final(make)
+        except Exception as e:  # the dashboard failed: the command must still end properly
+            print(f"vllm-probe: live view stopped ({type(e).__name__}: {e}); waiting for the command",
+                  file=sys.stderr, flush=True)
+            while proc.poll() is None:
+                stopper.tick()
+                time.sleep(POLL_S)
+            code = _exit_code(proc.returncode)
+            finish_run(run_dir, meta, code)
+    finally:
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+    if code != 0:
+        tail = read_log_tail(log_path, LOG_TAIL_LINES)
+        err = Console(stderr=True)
+        err.print(Panel(Text("\n".join(tail) or "(no output)"), title=f"last lines of {log_path}",
+                        title_align="left", border_style="red"))
+        err.print(f"vllm-probe: the command exited with code {code}", style="bold red", highlight=False)
+    counts = count_events(run_dir)
+    print(f"vllm-probe: {counts.describe()} in {run_dir}", file=sys.stderr, flush=True)
+    return code
+
+
+def _drain(watcher: Watcher, quiet_s: float = 0.3, max_s: float = 3.0) -> None:
+    """Read until no new event arrived for ``quiet_s`` (engine cores flushing at exit)."""
+    start = last = time.monotonic()
+    while time.monotonic() - start < max_s:
+        if watcher.pump():
+            last = time.monotonic()
+        elif time.monotonic() - last >= quiet_s:
+            break
+        time.sleep(0.05)
+    watcher.finished = True
