@@ -94,26 +94,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server_run(tmp_path_factory):
-    """vLLM's OpenAI-compatible server under ``vllm-probe run``, on loopback.
+def serve_under_probe(base: Path, stop, new_session: bool = False):
+    """vLLM's OpenAI-compatible server under ``vllm-probe run --out base/run``, on loopback.
 
     Sends :data:`SERVER_REQUESTS` completions whose prompts contain :data:`SENTINEL`,
-    then stops the server with SIGTERM sent to ``vllm-probe`` (which passes it on).
+    then calls ``stop(proc)`` (``proc``: the ``vllm-probe`` process; ``new_session``
+    puts it and the server in a process group of their own) and waits for the exit.
     Returns a namespace: ``run_dir``, ``responses`` (decoded JSON bodies), ``statuses``,
     ``returncode`` of ``vllm-probe``, ``log`` (its combined output).
     """
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed")
     import json
-    import signal
     import time
     import types
     import urllib.request
 
     from vllm_probe.tiny_model import write_tiny_model
 
-    base = tmp_path_factory.mktemp("server")
     run_dir, log_path = base / "run", base / "server.log"
     port = _free_port()
     cmd = vllm_probe_cmd(
@@ -124,7 +120,8 @@ def server_run(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=new_session)
         try:
             deadline = time.time() + 300
             while True:
@@ -149,14 +146,28 @@ def server_run(tmp_path_factory):
                 with urllib.request.urlopen(req, timeout=120) as r:
                     statuses.append(r.status)
                     responses.append(json.load(r))
-            proc.send_signal(signal.SIGTERM)
+            stop(proc)
             returncode = proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
-                proc.kill()
+                if new_session:  # the whole group: vllm-probe, the server, its engine core
+                    os.killpg(proc.pid, 9)
+                else:
+                    proc.kill()
                 proc.wait()
     return types.SimpleNamespace(run_dir=run_dir, responses=responses, statuses=statuses,
                                  returncode=returncode, log=log_path.read_text(errors="replace"))
+
+
+@pytest.fixture(scope="session")
+def server_run(tmp_path_factory):
+    """:func:`serve_under_probe`, stopped with SIGTERM sent to ``vllm-probe`` (which
+    passes it on)."""
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed")
+    import signal
+
+    return serve_under_probe(tmp_path_factory.mktemp("server"), lambda p: p.send_signal(signal.SIGTERM))
 
 
 @pytest.fixture(scope="session")

@@ -204,11 +204,37 @@ def spawn(command: list[str], run_dir: Path, settings: Settings,
         raise LaunchError(f"cannot start {command[0]}: {e.strerror or e}", code) from None
 
 
+def _wait_passing_signals(proc: subprocess.Popen) -> int:
+    """Wait for ``proc``, passing on SIGTERM and SIGINT sent to this process.
+
+    A Ctrl-C typed in the terminal reaches the command directly (same process group);
+    the kernel sends that SIGINT (``si_pid`` 0), so it is not passed on a second time.
+    """
+    stop = {signal.SIGINT, signal.SIGTERM}
+    watched = stop | {signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    try:
+        while proc.poll() is None:
+            info = signal.sigtimedwait(watched, 0.5)
+            if info is None or info.si_signo not in stop:
+                continue
+            if info.si_signo == signal.SIGINT and info.si_pid == 0:
+                continue
+            try:
+                proc.send_signal(info.si_signo)
+            except ProcessLookupError:
+                pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    return proc.returncode
+
+
 def run_foreground(command: list[str], settings: Settings, out: Path | None = None) -> int:
     """``vllm-probe run`` without ``--live``: the command keeps the terminal.
 
-    Ctrl-C reaches the command directly (same process group); SIGTERM sent to us is
-    passed on. Returns the command's exit code (128+N when killed by signal N).
+    Ctrl-C reaches the command directly (same process group); SIGTERM, and SIGINT sent
+    to us by another process (``kill -INT``), are passed on. Returns the command's exit
+    code (128+N when killed by signal N).
     """
     run_dir, meta = start_run(command, settings, out)
     print(f"vllm-probe: events -> {run_dir}", file=sys.stderr, flush=True)
@@ -220,10 +246,11 @@ def run_foreground(command: list[str], settings: Settings, out: Path | None = No
         except ProcessLookupError:
             pass
 
+    # Handlers for signals arriving before or after _wait_passing_signals blocks them.
     old_int = signal.signal(signal.SIGINT, lambda *_: None)  # the child gets Ctrl-C itself
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
-        code = _exit_code(proc.wait())
+        code = _exit_code(_wait_passing_signals(proc))
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
