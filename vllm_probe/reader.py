@@ -17,6 +17,24 @@ from typing import Iterator
 from .events import KINDS, SCHEMA_VERSION
 from .rundir import event_files
 
+try:  # msgspec ships with vLLM; ~4x faster than json for our lines. Optional.
+    from msgspec.json import Decoder as _MsgspecDecoder
+
+    _fast_decode = _MsgspecDecoder().decode
+except ImportError:  # pragma: no cover - depends on the environment
+    _fast_decode = None
+
+
+def _loads(line: str | bytes):
+    """``json.loads`` with a fast path; identical results (msgspec rejects what json
+    accepts beyond strict JSON, e.g. ``NaN``: those lines fall back to ``json``)."""
+    if _fast_decode is not None:
+        try:
+            return _fast_decode(line)
+        except ValueError:
+            pass
+    return json.loads(line)
+
 
 @dataclass
 class ReadStats:
@@ -49,7 +67,7 @@ class ReadStats:
 def parse_line(line: str | bytes, stats: ReadStats) -> dict | None:
     """Decode one complete line into an event dict, or None (counted in ``stats``)."""
     try:
-        ev = json.loads(line)
+        ev = _loads(line)
     except ValueError:
         stats.malformed += 1
         return None
@@ -74,12 +92,25 @@ def iter_file(path: Path, stats: ReadStats) -> Iterator[dict]:
         f = open(path, "rb")
     except OSError:
         return
+    decode, kinds, latest = _fast_decode, KINDS, SCHEMA_VERSION
     with f:
         for raw in f:
             if not raw.endswith(b"\n"):
                 if raw.strip():
                     stats.partial += 1
                 break
+            if decode is not None:  # fast path: a well-formed line of a known kind
+                try:
+                    ev = decode(raw)
+                except ValueError:
+                    ev = None
+                if type(ev) is dict:
+                    kind, schema = ev.get("event"), ev.get("schema")
+                    if (type(kind) is str and kind in kinds and type(ev.get("ts")) is float and "engine" in ev
+                            and (type(schema) is int and schema <= latest or schema is None)):
+                        stats.events += 1
+                        yield ev
+                        continue
             if not raw.strip():
                 continue
             ev = parse_line(raw, stats)
@@ -94,7 +125,93 @@ def iter_run(run_dir: Path, stats: ReadStats) -> Iterator[dict]:
     cores interleave by ``ts``; within a file, order is the file's (the writer's).
     """
     streams = [iter_file(p, stats) for p in event_files(run_dir)]
-    return heapq.merge(*streams, key=lambda ev: ev["ts"])
+    if len(streams) == 1:
+        return streams[0]
+    return heapq.merge(*streams, key=_ts_key)
+
+
+def _ts_key(ev: dict) -> float:
+    return ev["ts"]
+
+
+class EventHead:
+    """The fields of an event that merging and export filters need (no other field is
+    decoded on the fast path). Attributes: ``event``, ``ts``, ``engine``, ``step``,
+    ``req_id`` (None when absent; ``engine`` 0)."""
+
+    __slots__ = ("event", "ts", "engine", "schema", "step", "req_id")
+
+    def __init__(self, event, ts, engine=0, schema=None, step=None, req_id=None) -> None:
+        self.event, self.ts, self.engine, self.schema, self.step, self.req_id = event, ts, engine, schema, step, req_id
+
+    @classmethod
+    def of(cls, ev: dict) -> "EventHead":
+        return cls(ev["event"], ev["ts"], ev.get("engine", 0), ev.get("schema"), ev.get("step"), ev.get("req_id"))
+
+
+if _fast_decode is not None:
+    import msgspec as _msgspec
+
+    class _Head(_msgspec.Struct):
+        event: object = None
+        ts: object = None
+        engine: object = 0
+        schema: object = None
+        step: object = None
+        req_id: object = None
+
+    _decode_head = _msgspec.json.Decoder(_Head).decode
+else:  # pragma: no cover - depends on the environment
+    _decode_head = None
+
+
+def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[EventHead, bytes]]:
+    """Like :func:`iter_file`, yielding ``(head, raw line)`` for verbatim export.
+
+    Lines are classified (and counted in ``stats``) exactly as :func:`iter_file` does;
+    only the fields of :class:`EventHead` are decoded when msgspec is installed.
+    """
+    stats.files.add(str(path))
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    decode, kinds, latest = _decode_head, KINDS, SCHEMA_VERSION
+    with f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                if raw.strip():
+                    stats.partial += 1
+                break
+            if decode is not None:  # fast path: a well-formed line of a known kind
+                try:
+                    head = decode(raw)
+                except ValueError:
+                    head = None
+                if head is not None:
+                    kind, ts, schema = head.event, head.ts, head.schema
+                    if (type(kind) is str and kind in kinds and type(ts) is float
+                            and (schema is None or type(schema) is int and schema <= latest)):
+                        stats.events += 1
+                        yield head, raw
+                        continue
+            if not raw.strip():
+                continue
+            ev = parse_line(raw, stats)
+            if ev is not None:
+                yield EventHead.of(ev), raw
+
+
+def iter_run_lines(run_dir: Path, stats: ReadStats) -> Iterator[tuple[EventHead, bytes]]:
+    """Like :func:`iter_run`, yielding ``(head, raw line)`` pairs merged by ``ts``."""
+    streams = [iter_file_lines(p, stats) for p in event_files(run_dir)]
+    if len(streams) == 1:
+        return streams[0]
+    return heapq.merge(*streams, key=_pair_ts_key)
+
+
+def _pair_ts_key(pair: tuple[EventHead, bytes]) -> float:
+    return pair[0].ts
 
 
 class Follower:
