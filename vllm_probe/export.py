@@ -1,0 +1,161 @@
+"""Merged, filtered JSONL export of a run (``vllm-probe export``).
+
+Every engine core's ``events-<pid>.jsonl`` is read as a stream and merged by ``ts``
+(``reader.iter_run_lines``: one pending line per file), filtered, and written verbatim
+(each line exactly as the probe wrote it). Memory does not grow with the run's size:
+besides one pending line per file, the step filter keeps one integer per engine core.
+
+Filters (all optional, combined with AND):
+
+* ``kinds``: keep only these event kinds (names of ``vllm_probe.events.KINDS``).
+* ``request``: keep only events whose ``req_id`` is this id. ``engine_config`` lines
+  are kept too (they are the context needed to read the rest), unless ``kinds``
+  excludes them.
+* ``from_step`` / ``to_step`` (inclusive, per engine core; steps are 0-based and
+  counted by each engine core): events with a ``step`` field are kept when it is in the
+  range. Events without one (``request_added``, ``probe_stats``) belong to the step the
+  engine core runs next (the latest ``step`` event's index + 1, as
+  ``state.RequestState.arrival_step`` counts), and are kept when that is in the range.
+  ``engine_config`` lines are always kept (context).
+
+Output: a path (``.gz`` suffix → gzip-compressed), or ``-`` for stdout.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+from .events import KINDS
+from .reader import EventHead, ReadStats, iter_run_lines
+from .rundir import event_files
+
+#: gzip level for ``.gz`` output: 6 is ~3x faster than the default 9 for 1-2 % more bytes.
+GZIP_LEVEL = 6
+
+
+class ExportError(Exception):
+    """Bad export request (unknown kind, bad range) or a run without events."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What to keep; None means no filter on that axis."""
+
+    kinds: frozenset[str] | None = None
+    request: str | None = None
+    from_step: int | None = None
+    to_step: int | None = None
+
+    @classmethod
+    def make(cls, kinds: str | Iterable[str] | None = None, request: str | None = None,
+             from_step: int | None = None, to_step: int | None = None) -> "Filters":
+        """Validated filters; ``kinds`` may be a comma-separated string.
+
+        Raises:
+            ExportError: an unknown kind, a negative step or ``from_step > to_step``.
+        """
+        kind_set = None
+        if kinds is not None:
+            names = [k.strip() for k in (kinds.split(",") if isinstance(kinds, str) else kinds)]
+            names = [k for k in names if k]
+            unknown = sorted(set(names) - set(KINDS))
+            if unknown:
+                raise ExportError(f"unknown event kind(s): {', '.join(unknown)} (known: {', '.join(KINDS)})")
+            if not names:
+                raise ExportError("--events needs at least one kind")
+            kind_set = frozenset(names)
+        for name, v in (("--from-step", from_step), ("--to-step", to_step)):
+            if v is not None and v < 0:
+                raise ExportError(f"{name} must be >= 0, got {v}")
+        if from_step is not None and to_step is not None and from_step > to_step:
+            raise ExportError(f"--from-step {from_step} is after --to-step {to_step}")
+        return cls(kind_set, request, from_step, to_step)
+
+    @property
+    def active(self) -> bool:
+        return any(v is not None for v in (self.kinds, self.request, self.from_step, self.to_step))
+
+
+def filter_lines(pairs: Iterable[tuple[EventHead, bytes]], f: Filters) -> Iterator[tuple[EventHead, bytes]]:
+    """Apply ``f`` to a time-ordered stream of ``(head, raw line)`` pairs."""
+    if not f.active:
+        yield from pairs
+        return
+    kinds, request = f.kinds, f.request
+    lo = f.from_step if f.from_step is not None else 0
+    hi = f.to_step if f.to_step is not None else float("inf")
+    by_step = f.from_step is not None or f.to_step is not None
+    last_step: dict = {}  # engine -> index of its latest step event
+    for pair in pairs:
+        head = pair[0]
+        kind = head.event
+        if by_step and kind == "step":
+            st = head.step
+            if type(st) is int and st > last_step.get(head.engine, -1):
+                last_step[head.engine] = st
+        if kinds is not None and kind not in kinds:
+            continue
+        if kind == "engine_config":
+            yield pair
+            continue
+        if request is not None and head.req_id != request:
+            continue
+        if by_step:
+            st = head.step
+            if type(st) is not int:
+                st = last_step.get(head.engine, -1) + 1
+            if not lo <= st <= hi:
+                continue
+        yield pair
+
+
+def open_output(out: str | Path) -> tuple[BinaryIO, bool]:
+    """Binary stream for ``out`` (``-`` = stdout; ``*.gz`` = gzip); returns (stream, must_close)."""
+    if str(out) == "-":
+        return sys.stdout.buffer, False
+    path = Path(out)
+    if path.suffix == ".gz":
+        return gzip.open(path, "wb", compresslevel=GZIP_LEVEL), True
+    return open(path, "wb"), True
+
+
+def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filters | None = None,
+                 stats: ReadStats | None = None) -> int:
+    """Write the run's events, merged by time and filtered, as JSON lines; return the count.
+
+    Args:
+        run_dir: the run directory.
+        out: output path (``.gz`` compressed, ``-`` stdout) or a binary stream.
+        filters: what to keep (default: everything).
+        stats: receives the read/skip counts.
+
+    Raises:
+        ExportError: the run has no event file.
+        OSError: the output cannot be written.
+    """
+    run_dir = Path(run_dir)
+    stats = stats if stats is not None else ReadStats()
+    if not event_files(run_dir):
+        raise ExportError(f"no event files (events-*.jsonl) in {run_dir}")
+    pairs = filter_lines(iter_run_lines(run_dir, stats), filters or Filters())
+    if isinstance(out, (str, Path)):
+        stream, close = open_output(out)
+    else:
+        stream, close = out, False
+    buf = io.BufferedWriter(stream, buffer_size=1 << 20) if isinstance(stream, gzip.GzipFile) else stream
+    n = 0
+    try:
+        write = buf.write
+        for _ev, raw in pairs:
+            write(raw)
+            n += 1
+        buf.flush()
+    finally:
+        if close:
+            stream.close()
+    return n
