@@ -726,7 +726,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
     n_inflight = sum(1 for e in engines for r in e.requests.values() if r.phase == PREFILL)
     want_fill = 3 + min(n_inflight, 8) if n_inflight else 3
     per_engine = 2 if not multi else 3
-    want_chart = 3 + len(engines) * (CHART_ROWS + per_engine)
+    want_chart = 3 + len(engines) * (max(CHART_ROWS // len(engines), CHART_MIN_ROWS) + per_engine)
     min_chart = 3 + per_engine + CHART_MIN_ROWS
     log_rows = min(len(view.log_tail), 8) + 2 if view.log_tail else 0
     left -= log_rows
