@@ -347,11 +347,11 @@ def _current_single(eng: EngineState, width: int) -> tuple[Panel, int]:
     budget = ev.get("token_budget") or cfg.get("max_num_batched_tokens") or 0
     pt, dt = ev.get("prefill_tokens"), ev.get("decode_tokens")
     inner = max(width - 4, 10)
-    bar_w = max(min(inner - 44, 60), 8)
     split = (f"{_n(pt)} prefill + {_n(dt)} decode = " if pt is not None and dt is not None else "")
-    l1 = _line(budget_bar(pt, dt, scheduled, budget, bar_w), " ",
-               (split, ""), (f"{scheduled:,}", "bold"), f" / {_n(budget)} tok ",
-               (f"({_pct(scheduled / budget) if budget else '-'})", "bold"))
+    figures = Text.assemble((split, ""), (f"{scheduled:,}", "bold"), f" / {_n(budget)} tok ",
+                            (f"({_pct(scheduled / budget) if budget else '-'})", "bold"))
+    bar_w = max(min(inner - figures.cell_len - 1, 60), 8)  # the figures matter more than the bar
+    l1 = _line(budget_bar(pt, dt, scheduled, budget, bar_w), " ", figures)
     l2 = _line(("prefill ", PREFILL_STYLE), f"{_n(pt)} tok in {_n(ev.get('prefill_reqs'))} req", _sep(),
                ("decode ", DECODE_STYLE), f"{_n(dt)} tok in {_n(ev.get('decode_reqs'))} req", _sep(),
                ("admitted ", "dim"), _n(ev.get("new_reqs")), _sep(),
@@ -496,6 +496,8 @@ def _preemptions(engines: list[EngineState], width: int, rows: int, multi: bool,
         rows = [[_n(ev.get("step")), str(ev.get("req_id")), f"{_n(ev.get('discarded_tokens'))} tok",
                  _n(ev.get("output_tokens")), f"×{_n(ev.get('num_preemptions'))}", _pct(ev.get("kv_usage")),
                  f"{_n(ev.get('running'))}/{_n(ev.get('waiting'))}"] for ev in recent]
+        if width < 68:  # narrow: the request id matters more than KV use and queue lengths
+            cols, rows = cols[:5], [row[:5] for row in rows]
         if multi:
             cols.insert(0, ("dp", "right", ""))
             for row, ev in zip(rows, recent):
@@ -720,7 +722,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
     if multi:
         current, h_current = _current_multi(engines, width)
     else:
-        current, h_current = _current_single(engines[0], (width * 3 // 5) if wide else width)
+        current, h_current = _current_single(engines[0], (width - _right_width(width)) if wide else width)
     n_recent = sum(len(e.recent_preempts) for e in engines)
     want_pre = 4 + (1 + min(n_recent, PREEMPT_ROWS) if n_recent else 0)
     n_inflight = sum(1 for e in engines for r in e.requests.values() if r.phase == PREFILL)
@@ -733,7 +735,8 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
 
     if wide and not multi:
         # middle: [current step + chart] | [preemptions + prefills in flight]
-        right_w = width - width * 3 // 5
+        right_w = _right_width(width)
+        left_w = width - right_w
         mid_min = max(h_current + min_chart, 4 + 3)
         mid_want = max(h_current + want_chart, want_pre + want_fill)
         req_min = 4
@@ -745,7 +748,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         pre_h = mid - fill_h
         left_items: list[RenderableType] = [current]
         if chart_h >= min_chart:
-            chart, _ = _chart(engines, width * 3 // 5, chart_h, view.chart_steps)
+            chart, _ = _chart(engines, left_w, chart_h, view.chart_steps)
             left_items.append(_fixed(chart, chart_h))
         pre, _ = _preemptions(engines, right_w, pre_h, multi, max_rows=pre_h)
         right_items: list[RenderableType] = [_fixed(pre, pre_h)]
@@ -753,7 +756,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
             fill, _ = _prefills(engines, right_w, fill_h, multi)
             right_items.append(_fixed(fill, fill_h))
         row = Table.grid()  # fixed widths: rich need not measure the nested panels
-        row.add_column(width=width * 3 // 5)
+        row.add_column(width=left_w)
         row.add_column(width=right_w)
         row.add_row(Group(*left_items), Group(*right_items))
         parts.append(row)
@@ -792,6 +795,11 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         panel, _ = _log_panel(view.log_tail, log_rows, "command output (last lines of command.log)")
         parts.append(panel)
     return Group(*parts)
+
+
+def _right_width(width: int) -> int:
+    """Width of the right column (preemptions, prefills) in the two-column layout."""
+    return min(max(width * 2 // 5, 68), width // 2)
 
 
 def _fixed(panel: Panel, height: int) -> Panel:
