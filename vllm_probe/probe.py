@@ -186,6 +186,9 @@ class SchedulerProbe:
     # -- prefill chunks (called before num_computed_tokens advances) -------------------
 
     def on_chunks(self, sched: Any, out: Any) -> None:
+        if not (self.prefilling or self.resume_pending or out.scheduled_new_reqs):
+            self.chunks_seen = True  # decode-only step: begin_step's zero counts stand
+            return
         nst = out.num_scheduled_tokens
         requests = sched.requests
         emit = self.emit if self.flags.log_chunk_boundaries else None
