@@ -26,13 +26,15 @@ def vllm_mod():
 @pytest.fixture
 def probed(vllm_mod):
     """Install the probe with all flags on into a MemorySink; uninstall afterwards."""
+    import vllm
+
     from vllm_probe import probe, testing
     from vllm_probe.settings import ProbeFlags
 
     def make(flags: ProbeFlags | None = None):
         sink = testing.MemorySink()
         rt = probe.Runtime(flags or ProbeFlags(), lambda _rt: sink)
-        patched = probe.install(vllm_mod, rt, "0.32.0")
+        patched = probe.install(vllm_mod, rt, vllm.__version__)  # the release under test
         assert "Scheduler.schedule" in patched
         return sink, rt
 
@@ -78,8 +80,12 @@ def split_passes(chunks):
     return passes
 
 
-def assert_tiles(pass_chunks):
-    """A pass's chunks tile [prefix hit, prefill_len) with `last` only on the final one."""
+def assert_tiles(pass_chunks, complete=True):
+    """A pass's chunks tile [prefix hit, prefill_len) with `last` only on the final one.
+
+    ``complete=False``: a pass cut short by a preemption; its chunks tile
+    [prefix hit, end of the last chunk) and none is `last`.
+    """
     first = pass_chunks[0]
     assert first["prefix_hit_tokens"] == first["start"]
     pos = first["start"]
@@ -88,10 +94,13 @@ def assert_tiles(pass_chunks):
         assert c["start"] == pos, (c, pos)
         assert c["end"] > c["start"]
         pos = c["end"]
-        assert c["last"] == (i == len(pass_chunks) - 1)
+        assert c["last"] == (complete and i == len(pass_chunks) - 1)
         if i:
             assert c["prefix_hit_tokens"] is None
-    assert pos == first["prefill_len"]
+    if complete:
+        assert pos == first["prefill_len"]
+    else:
+        assert pos < first["prefill_len"]
 
 
 def assert_step_invariants(sink, after, budget):
@@ -186,6 +195,7 @@ def test_preemptions_name_victim_and_discarded_tokens(probed):
     preempts = sink.of("preempt")
     assert preempts, "workload was meant to preempt"
     steps = sink.of("step")
+    by_req = chunks_by_request(sink)
     count = defaultdict(int)
     for p in preempts:
         # the victim's computed tokens at the start of that step, seen by the test loop
@@ -194,21 +204,30 @@ def test_preemptions_name_victim_and_discarded_tokens(probed):
         count[p["req_id"]] += 1
         assert p["num_preemptions"] == count[p["req_id"]]
         assert p["prompt_len"] == 40 and p["reason"] == "kv_cache"
-        # a decoding victim has computed its prompt and all outputs but the last sampled one
-        if p["output_tokens"]:
+        last_chunk = [c for c in by_req[p["req_id"]] if c["step"] < p["step"]][-1]
+        if last_chunk["last"]:
+            # a decoding victim has computed its prompt and all outputs but the last sampled one
             assert p["discarded_tokens"] == p["prompt_len"] + p["output_tokens"] - 1
+        else:
+            # preempted in the middle of a (re-)prefill: it loses what its chunks computed
+            assert p["discarded_tokens"] == last_chunk["end"]
     assert sum(len(s["preempted"]) for s in steps) == len(preempts)
-    # every preempted request re-prefills: a resumed pass that tiles up to prompt + outputs
-    by_req = chunks_by_request(sink)
+    # every preempted request re-prefills: a resumed pass per preemption, which tiles up to
+    # prompt + outputs, or up to the tokens discarded by the preemption that cut it short
     for rid in count:
         passes = split_passes(by_req[rid])
         resumed = [p for p in passes if p[0]["resumed"]]
         assert len(resumed) == count[rid]
+        victims = [p for p in preempts if p["req_id"] == rid]
         for ps in passes:
-            assert_tiles(ps)
-        for ps in resumed:
-            victim = next(p for p in preempts if p["req_id"] == rid and p["step"] <= ps[0]["step"])
-            assert ps[-1]["prefill_len"] >= victim["prompt_len"] + victim["output_tokens"]
+            cut = next((p for p in victims if p["step"] > ps[-1]["step"]), None)
+            complete = ps[-1]["last"]
+            assert_tiles(ps, complete=complete)
+            if not complete:
+                assert cut is not None and cut["discarded_tokens"] == ps[-1]["end"]
+        for ps, victim in zip(resumed, victims):
+            assert victim["step"] < ps[0]["step"]
+            assert ps[0]["prefill_len"] == victim["prompt_len"] + victim["output_tokens"]
     assert_step_invariants(sink, after, 64)
     finished = sink.of("request_finished")
     assert sorted(e["req_id"] for e in finished) == ["r0", "r1", "r2"]
@@ -280,7 +299,7 @@ def test_install_is_idempotent(probed, vllm_mod):
     _, rt = probed()
     wrapped = vllm_mod.schedule
     original = getattr(wrapped, probe.WRAPPED_ATTR)
-    assert probe.install(vllm_mod, rt, "0.32.0") == rt.patched
+    assert probe.install(vllm_mod, rt, rt.vllm_version) == rt.patched
     assert vllm_mod.schedule is wrapped
     assert getattr(vllm_mod.schedule, probe.WRAPPED_ATTR) is original
     assert not hasattr(original, probe.WRAPPED_ATTR)

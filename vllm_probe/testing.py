@@ -6,6 +6,24 @@ on the tiny local model config, a ``KVCacheConfig`` with one full-attention grou
 step loop that feeds the scheduler a fake ``ModelRunnerOutput`` sampling one token per
 request whose prefill is complete. Scheduling decisions are vLLM's own; only the model
 is absent. Imports vLLM lazily; raises ImportError when it is not installed.
+
+Release differences the harness adapts to (the compatibility suite, ``python -m
+tests.compat``, runs it on every minor release from 0.12; probe differences are in
+:mod:`vllm_probe.compat`). Constructor arguments are detected by signature, so each
+release gets what it accepts; :func:`harness_adaptations` names those in use.
+
+* ``Request(eos_token_id=...)``: required up to 0.16, removed in 0.17.
+* ``Scheduler(block_size=...)``: required from 0.11 (0.11.2 has it, 0.10.2 not);
+  ``hash_block_size`` from 0.20.
+* ``SchedulerConfig``: keys a release does not know are left out (``is_encoder_decoder``
+  before 0.11, ``async_scheduling`` before 0.10).
+* ``init_none_hash``: up to 0.28 each call draws a random ``NONE_HASH`` when
+  ``PYTHONHASHSEED`` is unset; the harness calls it once per process, as the engine does
+  (per request, equal prefixes would hash differently and never hit the prefix cache).
+* ``ModelRunnerOutput(pooler_output=[])``: an empty list means "no pooling outputs" in
+  every release; a list of ``None`` makes 0.12 run ``check_stop`` on every request,
+  even one that sampled nothing (IndexError on its empty output).
+* ``DeviceConfig(device="cpu")`` always: older releases fail to infer the device type.
 """
 
 from __future__ import annotations
@@ -21,6 +39,47 @@ from .tiny_model import DEFAULT_DIR, write_tiny_model
 
 def _accepts(func: Any, name: str) -> bool:
     return name in inspect.signature(func).parameters
+
+
+#: Release-dependent keyword arguments: passed only where the constructor accepts them.
+_OPTIONAL_KWARGS = {
+    "Request": ("eos_token_id", "mm_features"),
+    "Scheduler": ("block_size", "hash_block_size"),
+}
+
+
+def _fit(kind: str, func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` less the release-dependent keys of ``kind`` that ``func`` does not take."""
+    optional = _OPTIONAL_KWARGS[kind]
+    return {k: v for k, v in kwargs.items() if k not in optional or _accepts(func, k)}
+
+
+def harness_adaptations() -> list[str]:
+    """The release-dependent constructor arguments in use with the vLLM imported here.
+
+    E.g. ``["Request(eos_token_id, mm_features)", "Scheduler(block_size)"]`` on 0.12;
+    ``SchedulerConfig(-key)`` for a setting the release does not accept.
+    """
+    from vllm.config import SchedulerConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+    out = []
+    for kind, func in (("Request", Request.__init__), ("Scheduler", Scheduler.__init__)):
+        used = [k for k in _OPTIONAL_KWARGS[kind] if _accepts(func, k)]
+        if used:
+            out.append(f"{kind}({', '.join(used)})")
+    dropped = [k for k in _SCHEDULER_CONFIG_KEYS if not _accepts(SchedulerConfig, k)]
+    if dropped:
+        out.append(f"SchedulerConfig({', '.join('-' + k for k in dropped)})")
+    return out
+
+
+#: ``SchedulerConfig`` settings of :func:`make_scheduler`; one a release does not know is
+#: left out (``is_encoder_decoder`` appears in 0.11, ``async_scheduling`` in 0.10).
+_SCHEDULER_CONFIG_KEYS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                          "enable_chunked_prefill", "long_prefill_token_threshold",
+                          "async_scheduling", "is_encoder_decoder")
 
 
 @dataclass
@@ -64,6 +123,7 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
         async_scheduling=spec.async_scheduling,
         is_encoder_decoder=False,
     )
+    assert tuple(sched_kwargs) == _SCHEDULER_CONFIG_KEYS
     sched_kwargs = {k: v for k, v in sched_kwargs.items() if _accepts(SchedulerConfig, k)}
     scheduler_config = SchedulerConfig(**sched_kwargs, **spec.extra)
     cache_config = CacheConfig(
@@ -87,14 +147,31 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True,
     )
-    if _accepts(Scheduler.__init__, "block_size"):
-        kwargs["block_size"] = spec.block_size
-    if _accepts(Scheduler.__init__, "hash_block_size"):
-        kwargs["hash_block_size"] = spec.block_size
-    return cls(**kwargs)
+    kwargs.update(block_size=spec.block_size, hash_block_size=spec.block_size)
+    return cls(**_fit("Scheduler", Scheduler.__init__, kwargs))
 
 
 _ids = itertools.count()
+_hash_fn_cache: list[Any] = []
+
+
+def _hash_fn() -> Any:
+    """vLLM's sha256 block-hash function, with ``NONE_HASH`` initialised once per process.
+
+    vLLM's engine calls ``init_none_hash`` once. Up to 0.28 it draws a random
+    ``NONE_HASH`` on every call when ``PYTHONHASHSEED`` is unset, so calling it per
+    request would give equal prefixes different hashes (no prefix-cache hits).
+    """
+    if not _hash_fn_cache:
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+
+        try:
+            from vllm.utils.hashing import sha256 as hash_fn
+        except ImportError:  # older releases
+            from vllm.utils import sha256 as hash_fn  # type: ignore[no-redef]
+        init_none_hash(hash_fn)
+        _hash_fn_cache.append(hash_fn)
+    return _hash_fn_cache[0]
 
 
 def make_request(
@@ -107,14 +184,10 @@ def make_request(
     unless ``prefix`` gives shared leading ids.
     """
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    try:
-        from vllm.utils.hashing import sha256 as hash_fn
-    except ImportError:  # older releases
-        from vllm.utils import sha256 as hash_fn  # type: ignore[no-redef]
-    init_none_hash(hash_fn)
+    hash_fn = _hash_fn()
     n = next(_ids)
     rid = req_id or f"req-{n}"
     base = (seed if seed is not None else n) * 7919
@@ -123,13 +196,10 @@ def make_request(
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
     kwargs: dict[str, Any] = dict(
         request_id=rid, prompt_token_ids=tokens, sampling_params=params, pooling_params=None,
-        block_hasher=get_request_block_hasher(block_size, hash_fn),
+        block_hasher=get_request_block_hasher(block_size, hash_fn), eos_token_id=2,
+        mm_features=None,
     )
-    if _accepts(Request.__init__, "eos_token_id"):
-        kwargs["eos_token_id"] = 2
-    if _accepts(Request.__init__, "mm_features"):
-        kwargs["mm_features"] = None
-    return Request(**kwargs)
+    return Request(**_fit("Request", Request.__init__, kwargs))
 
 
 def step(sched: Any) -> Any:
@@ -152,7 +222,7 @@ def step(sched: Any) -> Any:
         sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
     )
     if _accepts(ModelRunnerOutput, "pooler_output"):
-        mro_kwargs["pooler_output"] = [None] * len(req_ids)
+        mro_kwargs["pooler_output"] = []
     if _accepts(ModelRunnerOutput, "spec_token_ids"):
         mro_kwargs["spec_token_ids"] = None
     sched.update_from_output(out, ModelRunnerOutput(**mro_kwargs))
