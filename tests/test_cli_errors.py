@@ -188,3 +188,14 @@ def test_help_still_works(capsys):
         main(["--help"])
     assert e.value.code == 0
     assert "run" in capsys.readouterr().out
+
+
+def test_run_dir_and_its_files_are_private(tmp_path):
+    """Guarantee 9 for the directory `vllm-probe run` creates by default: 0700 / 0600."""
+    import stat
+
+    proc = run_cli("run", "--", "true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = (tmp_path / "vllm-probe-runs").iterdir()
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    assert [(p.name, stat.S_IMODE(p.stat().st_mode)) for p in run_dir.iterdir()] == [("meta.json", 0o600)]

@@ -89,7 +89,8 @@ def test_server_events_come_from_the_engine_core_only(server_run):
     roles = pids_by_role(server_run.log)
     (engine_pid,) = roles["EngineCore"]
     others = set().union(*(p for r, p in roles.items() if r != "EngineCore"))
-    assert roles["APIServer"] and others and engine_pid not in others  # more processes ran
+    # the API server and the worker (a process of its own here) loaded the plugin too
+    assert roles["APIServer"] and roles["Worker"] and engine_pid not in others
     files = event_files(server_run.run_dir)
     assert [f.name for f in files] == [f"events-{engine_pid}.jsonl"]
     events = read_events(files[0])
@@ -154,7 +155,7 @@ def test_sigkill_of_the_engine_core_leaves_whole_lines(tmp_path):
         size = path.stat().st_size
         while path.stat().st_size == size and time.time() < deadline:  # a flush happens now
             time.sleep(0.002)
-        time.sleep(4 * FLUSH_INTERVAL_S + 0.037)  # several intervals later, at some phase
+        time.sleep(0.737)  # longer than the slack below: a writer slower than promised shows
         os.kill(pid, signal.SIGKILL)
         t_kill = time.time()
         while _alive(pid) and time.time() < deadline:

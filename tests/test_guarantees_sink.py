@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -137,6 +138,8 @@ def test_nothing_lost_on_a_healthy_disk(probed, reference, tmp_path):
     assert drive(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
     rt.sink.close()
     (path,) = (tmp_path / "run").iterdir()
+    assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700  # owner only
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
     events = file_events(path)
     assert as_comparable(events[:-1]) == expected  # every event, in order, once
     assert events[-1]["event"] == "probe_stats"
@@ -245,6 +248,64 @@ def test_disk_full(probed, reference, tmp_path, caplog):
     assert rt.sink.written + rt.sink.dropped == len(expected)
     assert warnings[1].startswith(f"vllm-probe: {len(on_disk)} events written, "
                                   f"{len(expected) - len(on_disk)} dropped (cannot write")
+
+
+def test_an_event_that_cannot_be_encoded_is_dropped_and_counted(tmp_path, caplog):
+    """One bad value (here a dict with tuple keys, which JSON cannot hold) costs that
+    event only: counted as dropped, one warning, the events around it are written."""
+    caplog.set_level(logging.WARNING, logger="vllm_probe")
+    path = tmp_path / "events.jsonl"
+    sink = EventSink(path, flush_interval_s=3600)
+
+    def values(i, finished=()):
+        return (i, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], list(finished))
+
+    sink.emit(STEP, 1.0, 0, values(0))
+    sink.emit(STEP, 2.0, 0, values(1, finished=[{("a", 1): 2}]))
+    sink.emit(STEP, 3.0, 0, values(2))
+    sink.flush()
+    sink.emit(STEP, 4.0, 0, values(3, finished=[{("a", 1): 2}]))
+    sink.emit(STEP, 5.0, 0, values(4))
+    sink.close()
+    events = file_events(path)
+    assert [e.get("step") for e in events] == [0, 2, 4, None]
+    assert (events[-1]["events_written"], events[-1]["events_dropped"]) == (3, 2)
+    (warning,) = probe_warnings(caplog)
+    assert "cannot encode" in warning and "dropped and counted" in warning
+
+
+def test_a_hung_disk_does_not_hang_a_stop_signal_or_the_exit(tmp_path, caplog):
+    """The writer thread is stuck in write() for good: the stop-signal checkpoint and
+    close() give up after a bounded wait (close: the 5 s join plus STALL_WAIT_S) and
+    say what was lost, instead of holding vLLM's shutdown forever."""
+    from vllm_probe.sink import STALL_WAIT_S
+
+    caplog.set_level(logging.WARNING, logger="vllm_probe")
+    stalled = []
+
+    def opener(p):
+        stalled.append(_StalledFile(p))
+        return stalled[0]
+
+    sink = EventSink(tmp_path / "events.jsonl", opener=opener, flush_interval_s=0.01)
+    values = (0, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], [])
+    sink.emit(STEP, 0.0, 0, values)
+    assert stalled[0].entered.wait(10)
+    for i in range(1, 11):
+        sink.emit(STEP, float(i), 0, values)
+    def returns_within(call, seconds):  # in a thread: a regression fails, not hangs
+        t = threading.Thread(target=call, daemon=True)
+        t.start()
+        t.join(seconds)
+        return not t.is_alive()
+
+    try:
+        assert returns_within(sink.checkpoint, STALL_WAIT_S + 1)
+        assert returns_within(sink.close, 5 + STALL_WAIT_S + 2)
+        assert probe_warnings(caplog) == [
+            "vllm-probe: 0 events written, 10 dropped (the disk stopped responding)"]
+    finally:
+        stalled[0].release.set()
 
 
 # -- 7. bursts ---------------------------------------------------------------------------------

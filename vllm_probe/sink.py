@@ -36,6 +36,10 @@ logger = logging.getLogger("vllm_probe")
 #: at most this much; SIGTERM/SIGINT and normal exits lose nothing.
 FLUSH_INTERVAL_S = 0.1
 
+#: Longest wait (s) of close() and of a stop signal's checkpoint for a writer thread
+#: stuck inside write() (a hung disk): beyond it they give up instead of holding vLLM.
+STALL_WAIT_S = 1.0
+
 #: Queue item: (kind, wall-clock ts in s, data-parallel rank, values in kind.fields order).
 QueuedEvent = tuple[EventKind, float, int, tuple[Any, ...]]
 
@@ -235,9 +239,16 @@ class EventSink:
         """Write everything queued so far, on the caller's thread (tests, benchmarks)."""
         self._drain()
 
-    def _drain(self) -> None:
-        with self._drain_lock:
+    def _drain(self, wait: float = -1) -> bool:
+        """Write what is queued. ``wait``: longest wait (s) for the writer thread when it
+        is inside write() (-1: as long as it takes); False if it gave up."""
+        if not self._drain_lock.acquire(timeout=wait):
+            return False
+        try:
             self._drain_locked()
+        finally:
+            self._drain_lock.release()
+        return True
 
     def _drain_locked(self) -> None:
         q = self._queue
@@ -301,8 +312,10 @@ class EventSink:
     def dropped(self) -> int:
         return self.dropped_full + self.dropped_io + self.dropped_encode
 
-    def _write_stats(self) -> None:
-        with self._drain_lock:
+    def _write_stats(self, wait: float = -1) -> None:
+        if not self._drain_lock.acquire(timeout=wait):
+            return
+        try:
             if self._file is None:
                 return
             errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
@@ -312,6 +325,8 @@ class EventSink:
             self._buffer.failed = []
             if lines:
                 self._write_lines(lines, counted=0)
+        finally:
+            self._drain_lock.release()
 
     def checkpoint(self) -> None:
         """Write what is queued and a ``probe_stats`` line now; the file stays open.
@@ -325,8 +340,8 @@ class EventSink:
         if os.getpid() != self.pid or self._closed:
             return
         try:
-            self._drain()
-            self._write_stats()
+            if self._drain(STALL_WAIT_S):
+                self._write_stats(STALL_WAIT_S)
         except Exception:
             logger.debug("vllm-probe: checkpoint failed", exc_info=True)
 
@@ -341,8 +356,13 @@ class EventSink:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
+        if not self._drain(STALL_WAIT_S):  # the writer is stuck in write(): leave it the file
+            self.dropped_io += len(self._queue)
+            self._queue.clear()
+            logger.warning("vllm-probe: %d events written, %d dropped (the disk stopped responding)",
+                           self.written, self.dropped)
+            return
         try:
-            self._drain()
             if (self.written, self.dropped) != self._stats_at:
                 self._write_stats()
             if self._file is None and (self.dropped or self._failure):
