@@ -2,19 +2,10 @@
 
 The probe reads vLLM's V1 scheduler (``vllm/v1/core/sched/scheduler.py``). Its private
 methods and attributes change between releases; each difference the probe cares about
-is one entry below, with the release that introduced it. Written for the V1 scheduler
-of 0.12 and later (``_preempt_request`` exists from 0.12); checked end to end on 0.32.
-
-Differences handled (release → change):
-
-* 0.12: ``Scheduler._preempt_request(request, timestamp)`` appears; before it,
-  preemption is inline in ``schedule()`` and releases < 0.12 are refused.
-* 0.12: ``Request.num_preemptions`` appears (read with a fallback of None).
-* 0.24: ``schedule(self, throttle_prefills=False)`` — the wrapper passes ``*args`` on.
-* 0.27: ``_preempt_request(..., drop_stale_output=False)`` — passed on as well.
-* 0.32: ``Scheduler.max_num_scheduled_tokens`` may differ from
-  ``max_num_batched_tokens``; ``kv_holding_waiting`` requests count as waiting
-  (``get_request_counts``).
+is one entry of :data:`DIFFERENCES` below (what changed, in which release, how the probe
+handles it). Written for the V1 scheduler of 0.12 and later; every minor release from
+0.12 to the newest is run by the compatibility suite (``python -m tests.compat``, the
+matrix in docs/compatibility.md). Releases before 0.12 are refused (:data:`MIN_SUPPORTED`).
 """
 
 from __future__ import annotations
@@ -23,10 +14,60 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-#: Oldest release whose scheduler layout the probe supports.
+
+@dataclass(frozen=True)
+class Difference:
+    """One change in vLLM that the probe depends on.
+
+    ``since``: the first minor release with the change (the compatibility suite runs
+    the latest patch of each minor, so a change made in a patch release is listed
+    under its minor). ``short``: a few words for the compatibility table.
+    """
+
+    since: tuple[int, int]
+    what: str
+    handling: str
+    short: str
+
+
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference((0, 12), "Scheduler._preempt_request(request, timestamp) appears; before it "
+               "preemption is inline in schedule() and nothing can be wrapped. Status "
+               "snapshots around schedule() (design.md section 3) would need a loop over "
+               "the running requests on every step, which the decode-only hot path must not have.",
+               "MIN_SUPPORTED = 0.12: older releases are refused (the plugin warns once and "
+               "patches nothing)",
+               "_preempt_request(request, timestamp)"),
+    Difference((0, 16), "_free_request(request, delay_free_blocks=False) gains a parameter.",
+               "wrapper passes *args/**kwargs on", "_free_request(delay_free_blocks)"),
+    Difference((0, 17), "Scheduler.max_num_scheduled_tokens may differ from "
+               "max_num_batched_tokens (scheduler_config.max_num_scheduled_tokens).",
+               "token_budget() reads the scheduler's attribute", "max_num_scheduled_tokens budget"),
+    Difference((0, 24), "schedule(self, throttle_prefills=False); EngineCore passes it positionally.",
+               "wrapper passes *args/**kwargs on", "schedule(throttle_prefills)"),
+    Difference((0, 26), "_free_request returns a tuple (KV and EC transfer params) instead of a dict.",
+               "wrapper returns vLLM's result untouched", "_free_request returns tuple"),
+    Difference((0, 27), "_preempt_request(..., drop_stale_output=False); "
+               "SchedulerOutput.preempted_req_ids accumulates every preemption since the last step.",
+               "wrapper passes the argument on; preempted_req_ids is not read (preemptions "
+               "come from the _preempt_request hook)", "_preempt_request(drop_stale_output)"),
+    Difference((0, 31), "Requests that hold KV blocks while waiting move to kv_holding_waiting.",
+               "queue_lengths_reader() counts them as waiting, as get_request_counts does",
+               "kv_holding_waiting queue"),
+)
+
+
+def differences_for(version: str) -> list[Difference]:
+    """The entries of :data:`DIFFERENCES` introduced in ``version``'s minor release."""
+    minor = parse_version(version)
+    return [d for d in DIFFERENCES if d.since == minor]
+
+
+#: Oldest release whose scheduler layout the probe supports (see DIFFERENCES).
 MIN_SUPPORTED = (0, 12)
-#: Releases whose real scheduler the test-suite drives (see docs/compatibility.md).
-TESTED = {(0, 32)}
+#: Newest minor release the compatibility suite last ran (every minor from
+#: MIN_SUPPORTED up to it passed; docs/compatibility.md). Newer ones get a warning.
+NEWEST_TESTED = (0, 33)
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 SCHEDULER_CLASS = "Scheduler"
@@ -64,6 +105,11 @@ TARGETS: tuple[Target, ...] = (
 )
 
 
+def is_tested(version: str) -> bool:
+    """Whether the compatibility suite covers ``version``'s minor release."""
+    return MIN_SUPPORTED <= parse_version(version) <= NEWEST_TESTED
+
+
 def parse_version(version: str) -> tuple[int, int]:
     """``"0.32.0"`` → ``(0, 32)``; unparseable → ``(0, 0)``."""
     parts = []
@@ -94,7 +140,7 @@ def signature_problem(func: Any, params: tuple[str, ...]) -> str | None:
 
 
 def token_budget(sched: Any) -> int:
-    """The per-step token budget (0.32: ``max_num_scheduled_tokens``)."""
+    """The per-step token budget (``max_num_scheduled_tokens``; see DIFFERENCES, 0.17)."""
     budget = getattr(sched, "max_num_scheduled_tokens", None)
     if budget is None:
         budget = sched.scheduler_config.max_num_batched_tokens
@@ -104,7 +150,7 @@ def token_budget(sched: Any) -> int:
 def queue_lengths_reader(sched: Any):
     """Return a function ``sched -> (running, waiting)`` chosen once per scheduler.
 
-    0.32 keeps requests that hold KV blocks while they wait in ``kv_holding_waiting``;
+    From 0.31 requests that hold KV blocks while they wait are in ``kv_holding_waiting``;
     they count as waiting, as in vLLM's own ``get_request_counts``.
     """
     if hasattr(sched, "kv_holding_waiting"):

@@ -47,7 +47,7 @@ def _install_from_env() -> None:
     if compat.parse_version(version) < compat.MIN_SUPPORTED:
         logger.warning(
             "vllm-probe: vLLM %s is older than %d.%d (no Scheduler._preempt_request); "
-            "the probe patches nothing", version, *compat.MIN_SUPPORTED,
+            "the probe patches nothing; see docs/compatibility.md", version, *compat.MIN_SUPPORTED,
         )
         return
     try:
@@ -64,7 +64,7 @@ def _install_from_env() -> None:
     patched = install(scheduler_cls, rt, version)
     if not patched:
         return
-    tested = compat.parse_version(version) in compat.TESTED
+    tested = compat.is_tested(version)
 
     def announce() -> None:
         _log_info("vllm-probe: patched %s for vLLM %s; events -> %s",
