@@ -22,36 +22,10 @@ from collections import defaultdict
 
 import pytest
 
+from tests._workload import SPEC, probe_warnings, trace, workload
 from tests.conftest import requires_vllm
 
 pytestmark = requires_vllm
-
-# KV of 11 usable blocks of 16 tokens; 3 requests growing to 100 tokens each: vLLM
-# chunks nothing but preempts (measured: several preemptions per run).
-SPEC = dict(max_num_batched_tokens=64, num_blocks=12)
-
-
-def workload():
-    from vllm_probe import testing
-
-    return [testing.make_request(40, 60, req_id=f"r{i}", seed=i) for i in range(3)]
-
-
-def trace(sched, requests, max_steps=5000):
-    """Run to idle; return what the scheduler itself decided, step by step."""
-    from vllm_probe import testing
-
-    for r in requests:
-        sched.add_request(r)
-    out = []
-    for _ in range(max_steps):
-        if not sched.has_requests():
-            return out
-        so = testing.step(sched)
-        out.append((dict(so.num_scheduled_tokens), sorted(so.preempted_req_ids or ()),
-                    sorted(so.finished_req_ids)))
-    raise AssertionError("workload did not finish")
-
 
 @pytest.fixture(scope="module")
 def scheduler_cls():
@@ -92,11 +66,6 @@ def installed(scheduler_cls):
         probe.uninstall(cls)
 
 
-def warnings_of(caplog):
-    return [r.getMessage() for r in caplog.records
-            if r.name == "vllm_probe" and r.levelno >= logging.WARNING]
-
-
 # -- 3. faults inside hooks ------------------------------------------------------------
 
 #: hook -> SchedulerProbe method that builds its events, and the event kinds it owns
@@ -128,7 +97,7 @@ def test_a_failing_hook_switches_off_alone(hook, installed, baseline, monkeypatc
 
     assert rt.health.disabled == {hook}
     assert rt.health.errors[hook] == probe.MAX_HOOK_ERRORS == len(calls)  # not called once off
-    assert warnings_of(caplog) == [
+    assert probe_warnings(caplog) == [
         f"vllm-probe: hook '{hook}' disabled after {probe.MAX_HOOK_ERRORS} errors "
         "(last: KeyError: 'unexpected SchedulerOutput shape'); vLLM is unaffected"
     ]
@@ -174,7 +143,7 @@ def test_a_failing_engine_config_hook_leaves_the_scheduler_untouched(installed, 
     assert trace(sched, workload()) == baseline
     assert sink.events == []
     assert rt.health.disabled == {"engine_config"}
-    (warning,) = warnings_of(caplog)
+    (warning,) = probe_warnings(caplog)
     assert "hook 'engine_config' disabled" in warning and "max_num_seqs" in warning
 
 
@@ -218,7 +187,7 @@ def test_missing_preempt_target_warns_and_other_hooks_work(installed, scheduler_
     cls = stand_in(scheduler_cls, "OldScheduler", drop=("_preempt_request",))
     caplog.set_level(logging.WARNING, logger="vllm_probe")
     sink, _, patched = installed(cls, version="0.11.0")
-    assert warnings_of(caplog) == [
+    assert probe_warnings(caplog) == [
         "vllm-probe: OldScheduler._preempt_request missing in vLLM 0.11.0; "
         "preempt events are unavailable, other hooks still work"
     ]
@@ -242,7 +211,7 @@ def test_changed_signature_warns_and_other_hooks_work(installed, scheduler_cls, 
     cls = stand_in(scheduler_cls, "NewScheduler", replace={"_preempt_request": _preempt_request})
     caplog.set_level(logging.WARNING, logger="vllm_probe")
     sink, _, patched = installed(cls, version="0.40.0")
-    assert warnings_of(caplog) == [
+    assert probe_warnings(caplog) == [
         "vllm-probe: NewScheduler._preempt_request expected parameters (request), found "
         "(req, timestamp, drop_stale_output) in vLLM 0.40.0; preempt events are unavailable, "
         "other hooks still work"
@@ -265,7 +234,7 @@ def test_required_target_changed_patches_nothing(installed, scheduler_cls, basel
     caplog.set_level(logging.WARNING, logger="vllm_probe")
     sink, _, patched = installed(cls)
     assert patched == []
-    (warning,) = warnings_of(caplog)
+    (warning,) = probe_warnings(caplog)
     assert warning.startswith("vllm-probe: OtherScheduler.__init__ expected parameters (vllm_config, kv_cache_config)")
     assert warning.endswith("the probe patches nothing")
     assert not any(hasattr(v, probe.WRAPPED_ATTR) for v in cls.__dict__.values())
@@ -300,7 +269,7 @@ def test_untested_release_is_said_once(plugin_env, monkeypatch, caplog):
     plugin.register()
     for _ in range(2):  # two schedulers in one process: still one line
         testing.make_scheduler(testing.SchedulerSpec(**SPEC))
-    assert warnings_of(caplog) == [
+    assert probe_warnings(caplog) == [
         "vllm-probe: vLLM 0.34.0 has not been tested with this probe; see docs/compatibility.md"
     ]
 
@@ -314,7 +283,7 @@ def test_too_old_release_patches_nothing(plugin_env, monkeypatch, caplog, schedu
     caplog.set_level(logging.WARNING, logger="vllm_probe")
     plugin.register()
     assert not hasattr(scheduler_cls.schedule, probe.WRAPPED_ATTR)
-    (warning,) = warnings_of(caplog)
+    (warning,) = probe_warnings(caplog)
     assert "vLLM 0.11.2 is older than 0.12" in warning and "patches nothing" in warning
 
 

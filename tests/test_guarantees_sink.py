@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 import shutil
 import signal
 import stat
@@ -28,35 +27,15 @@ import sys
 import textwrap
 import threading
 import time
-from collections import Counter
 
 import pytest
 
+from tests._workload import SPEC, probe_warnings, trace, workload
 from tests.conftest import ROOT, requires_vllm
 from vllm_probe.events import STEP
 from vllm_probe.sink import FLUSH_INTERVAL_S, EventSink
 
-SPEC = dict(max_num_batched_tokens=64, num_blocks=12)  # preempts (see test_guarantees_hooks)
 VARYING = {"arrival_ts", "schedule_us"}  # differ between two runs of the same workload
-
-
-def workload():
-    from vllm_probe import testing
-
-    return [testing.make_request(40, 60, req_id=f"r{i}", seed=i) for i in range(3)]
-
-
-def drive(sched, requests, steps=None):
-    """Run ``steps`` steps (None: to idle); return the scheduler's own decisions."""
-    from vllm_probe import testing
-
-    for r in requests:
-        sched.add_request(r)
-    out = []
-    while sched.has_requests() and (steps is None or len(out) < steps):
-        so = testing.step(sched)
-        out.append((dict(so.num_scheduled_tokens), sorted(so.preempted_req_ids or ())))
-    return out
 
 
 def comparable(kind: str, fields: dict) -> tuple:
@@ -77,11 +56,11 @@ def reference(scheduler_cls):
     from vllm_probe import probe, testing
     from vllm_probe.settings import ProbeFlags
 
-    baseline = drive(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
+    baseline = trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
     sink = testing.MemorySink()
     probe.install(scheduler_cls, probe.Runtime(ProbeFlags(), lambda _rt: sink), "0.32.0")
     try:
-        assert drive(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
+        assert trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
     finally:
         probe.uninstall(scheduler_cls)
     assert sink.of("preempt") and len(sink.events) > 100
@@ -111,10 +90,6 @@ def probed(scheduler_cls):
         sink.close()
 
 
-def probe_warnings(caplog):
-    return [r.getMessage() for r in caplog.records if r.name == "vllm_probe" and r.levelno >= logging.WARNING]
-
-
 def file_events(path):
     lines = path.read_text().splitlines()
     return [json.loads(line) for line in lines]
@@ -135,7 +110,7 @@ def test_nothing_lost_on_a_healthy_disk(probed, reference, tmp_path):
 
     baseline, expected = reference
     rt = probed(file_sink_factory(tmp_path / "run"))
-    assert drive(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
+    assert trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
     rt.sink.close()
     (path,) = (tmp_path / "run").iterdir()
     assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700  # owner only
@@ -168,7 +143,7 @@ def test_unwritable_run_dir(how, probed, reference, tmp_path, caplog):
         def factory(rt):
             return EventSink(tmp_path / "events.jsonl", stats_extra=rt.health.snapshot, opener=_denied)
     rt = probed(factory)
-    assert drive(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
+    assert trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
     (warning,) = probe_warnings(caplog)  # one line while serving, not one per event
     assert "cannot open" in warning and "events are dropped and counted from now on" in warning
     rt.sink.close()
@@ -188,12 +163,12 @@ def test_run_dir_removed_mid_run(probed, reference, tmp_path, caplog):
     run_dir = tmp_path / "run"
     rt = probed(file_sink_factory(run_dir))
     sched = testing.make_scheduler(testing.SchedulerSpec(**SPEC))
-    first = drive(sched, workload(), steps=len(baseline) // 2)
+    first = trace(sched, workload(), steps=len(baseline) // 2)
     rt.sink.flush()
     written_before = len(next(run_dir.iterdir()).read_text().splitlines())
     assert written_before > 0
     shutil.rmtree(run_dir)
-    rest = drive(sched, [])
+    rest = trace(sched, [])
     assert first + rest == baseline
     rt.sink.close()
     warnings = probe_warnings(caplog)
@@ -235,9 +210,9 @@ def test_disk_full(probed, reference, tmp_path, caplog):
     rt = probed(lambda rt: EventSink(path, stats_extra=rt.health.snapshot,
                                      opener=lambda p: _DiskFull(p, room=20_000)))
     sched = testing.make_scheduler(testing.SchedulerSpec(**SPEC))
-    first = drive(sched, workload(), steps=5)
+    first = trace(sched, workload(), steps=5)
     rt.sink.flush()  # a first small batch fits
-    assert drive(sched, []) == baseline[len(first):]
+    assert trace(sched, []) == baseline[len(first):]
     rt.sink.close()
     warnings = probe_warnings(caplog)
     assert len(warnings) == 2, warnings
@@ -382,7 +357,7 @@ def test_small_queue_on_the_real_scheduler_counts_every_drop(probed, reference, 
     rt = probed(lambda rt: EventSink(path, capacity=rt.flags.queue_capacity, stats_extra=rt.health.snapshot,
                                      flush_interval_s=3600),  # the writer never catches up
                 flags=ProbeFlags(queue_capacity=5))
-    assert drive(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
+    assert trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload()) == baseline
     rt.sink.close()
     events = file_events(path)
     # the first five, then drops (engine_config differs only in its flags)
