@@ -23,5 +23,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The compatibility matrix (docs/compatibility.md): the scheduler-level tests on the real
+# scheduler of every vLLM minor release from 0.12 (sources fetched once into
+# ~/.cache/vllm-probe/compat). COMPAT_ARGS=--quick: only 0.12, as in `make test`.
+compat: setup
+	$(PY) -m tests.compat $(COMPAT_ARGS)
+
 docs: setup
 	$(PY) -m vllm_probe.events > docs/events.md

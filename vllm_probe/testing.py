@@ -43,7 +43,7 @@ def _accepts(func: Any, name: str) -> bool:
 
 #: Release-dependent keyword arguments: passed only where the constructor accepts them.
 _OPTIONAL_KWARGS = {
-    "Request": ("eos_token_id", "mm_features"),
+    "Request": ("eos_token_id",),
     "Scheduler": ("block_size", "hash_block_size"),
 }
 
@@ -57,7 +57,7 @@ def _fit(kind: str, func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 def harness_adaptations() -> list[str]:
     """The release-dependent constructor arguments in use with the vLLM imported here.
 
-    E.g. ``["Request(eos_token_id, mm_features)", "Scheduler(block_size)"]`` on 0.12;
+    E.g. ``["Request(eos_token_id)", "Scheduler(block_size)"]`` on 0.12;
     ``SchedulerConfig(-key)`` for a setting the release does not accept.
     """
     from vllm.config import SchedulerConfig
