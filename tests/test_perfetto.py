@@ -103,7 +103,8 @@ def test_chunked_prompt_slices_by_hand():
     assert (chunk["chunk_index"], chunk["start"], chunk["end"], chunk["tokens"], chunk["step"]) == (1, 2048, 4096, 2048, 1)
     assert track(events, tid)[-1]["args"]["output_tokens"] == 4
     sched = track(events, SCHED_TID)
-    assert [(e["name"], e["ts"], e["dur"]) for e in sched[:2]] == [("step 0", 300_000, 1_000), ("step 1", 400_000, 1_000)]
+    assert [(e["name"], e["args"]["step"], e["ts"], e["dur"]) for e in sched[:2]] == [
+        ("schedule()", 0, 300_000, 1_000), ("schedule()", 1, 400_000, 1_000)]
     kv = [e for e in events if e["ph"] == "C" and e["name"] == "KV-cache use"]
     assert [e["args"]["percent"] for e in kv] == [25.0, 50.0, 62.5, 62.5, 62.5, 62.5, 0.0]
     assert kv[0]["ts"] == 301_000

@@ -6,7 +6,8 @@ Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Layout:
   metadata ("vLLM engine core · DP rank 0 (pid 3381)"); its ``pid`` is the engine
   core's OS pid;
 * in it, a *thread* (track) ``scheduler`` with one slice per step covering the time
-  inside ``Scheduler.schedule()`` (``step N``, from ``ts - schedule_us`` to ``ts``),
+  inside ``Scheduler.schedule()`` (named ``schedule()``, from ``ts - schedule_us`` to
+  ``ts``; the step index and batch figures are its args),
   and one track per request, named by ``thread_name`` metadata and ordered by arrival
   (``thread_sort_index``), holding, in order:
 
@@ -257,11 +258,11 @@ class TraceBuilder:
         # the scheduler track: time inside schedule()
         start = max(sched_start, eng.sched_cursor)
         end = max(t, start)
-        args = {k: ev[k] for k in ("scheduled_tokens", "token_budget", "prefill_reqs", "decode_reqs",
+        args = {k: ev[k] for k in ("step", "scheduled_tokens", "token_budget", "prefill_reqs", "decode_reqs",
                                    "new_reqs", "running", "waiting", "free_blocks") if k in ev}
         if ev.get("preempted"):
             args["preempted"] = ev["preempted"]
-        self._emit({"name": f"step {eng.cur_step}", "cat": "scheduler", "ph": "X", "ts": start,
+        self._emit({"name": "schedule()", "cat": "scheduler", "ph": "X", "ts": start,
                     "dur": end - start, "pid": eng.pid, "tid": SCHED_TID, "args": args})
         eng.sched_cursor = end
         # counters
@@ -382,8 +383,9 @@ def build_trace(events: Iterable[dict], out: IO[bytes], t0: float | None = None,
 def export_perfetto(run_dir: str | Path, out: str | Path, stats: ReadStats | None = None) -> ExportResult:
     """Write the run's timeline to ``out`` (``-``: stdout; ``*.gz``: gzip-compressed).
 
-    ``ts`` 0 is the run's start (``meta.json`` ``start_time``) when known and not after
-    the first event, else the first event.
+    ``ts`` 0 is the run's first event (usually ``engine_config``, written when the
+    scheduler is built: the engine's start-up before it is left out); earlier request
+    arrivals are clamped to 0.
 
     Raises:
         PerfettoError: no event file in ``run_dir``.
@@ -399,10 +401,7 @@ def export_perfetto(run_dir: str | Path, out: str | Path, stats: ReadStats | Non
     events = iter_run(run_dir, stats)
     first = next(events, None)
     t0 = first["ts"] if first is not None else 0.0
-    start = meta.get("start_time")
-    if isinstance(start, (int, float)) and start <= t0:
-        t0 = float(start)
-    other = {"run_dir": str(run_dir), "command": meta.get("command")}
+    other = {"run_dir": str(run_dir), "command": meta.get("command"), "run_start_epoch_s": meta.get("start_time")}
 
     def chained():
         if first is not None:
