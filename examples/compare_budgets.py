@@ -11,8 +11,15 @@ chunks per prompt, preemptions, recomputed tokens and time to first token side b
 
 The seed ran 4K-token prompts at 2,048 / 8,192 / 16,384, i.e. a budget of half a prompt,
 two prompts and four prompts. The default workload here has 1,536-token prompts, so the
-same ratios are 768 / 3,072 / 6,144. About 30-40 s per run on 2 CPU cores (engine start
-included).
+same ratios are 768 / 3,072 / 6,144. About 30-90 s per run on 2 CPU cores (engine start
+included; more when the machine is busy).
+
+Reading the table: figures in steps (time to first token in steps, chunks per prompt,
+KV tokens re-read) depend only on the scheduler's decisions; figures in seconds also
+depend on how busy the CPU was during each run. With the default KV cache (64 blocks of
+128 tokens: about 5 requests at a time) the runs are KV-bound ("bound by: kv_cache"), so
+a larger budget removes chunking but barely changes the number of steps; give a larger
+``--num-kv-blocks`` after ``--`` to see the budget bind instead.
 """
 
 from __future__ import annotations
