@@ -23,6 +23,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# What the probe costs (docs/performance.md, "Probe overhead"): vLLM's real scheduler
+# without a model, and the real engine on the tiny model, probe off and on (~10 min).
+# BENCH_ARGS=--quick only checks that it runs.
+bench: setup
+	$(PY) -m benchmarks.bench_overhead $(BENCH_ARGS)
+
 # The compatibility matrix (docs/compatibility.md): the scheduler-level tests on the real
 # scheduler of every vLLM minor release from 0.12 (sources fetched once into
 # ~/.cache/vllm-probe/compat). COMPAT_ARGS=--quick: only 0.12, as in `make test`.

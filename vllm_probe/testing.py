@@ -208,9 +208,15 @@ def step(sched: Any) -> Any:
     Every scheduled request whose computed tokens reached its token count samples one
     token (id 7), as a model would after the last prefill chunk or a decode.
     """
+    out = sched.schedule()
+    sched.update_from_output(out, fake_model_output(sched, out))
+    return out
+
+
+def fake_model_output(sched: Any, out: Any) -> Any:
+    """The ``ModelRunnerOutput`` a model would return for ``out`` (see :func:`step`)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    out = sched.schedule()
     req_ids = list(out.num_scheduled_tokens)
     sampled = []
     for rid in req_ids:
@@ -225,8 +231,7 @@ def step(sched: Any) -> Any:
         mro_kwargs["pooler_output"] = []
     if _accepts(ModelRunnerOutput, "spec_token_ids"):
         mro_kwargs["spec_token_ids"] = None
-    sched.update_from_output(out, ModelRunnerOutput(**mro_kwargs))
-    return out
+    return ModelRunnerOutput(**mro_kwargs)
 
 
 def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:

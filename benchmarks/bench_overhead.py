@@ -1,0 +1,578 @@
+"""What the probe costs: vLLM's real scheduler and the real engine, with and without it.
+
+    python -m benchmarks.bench_overhead            # micro + end to end (~10 min here)
+    python -m benchmarks.bench_overhead --quick    # CI: checks that it runs, not the numbers
+    python benchmarks/bench_overhead.py --micro-only
+
+**Micro** -- vLLM's real ``Scheduler`` driven without a model (``vllm_probe.testing``),
+at 16, 64 and 256 running requests, for two mixes:
+
+* ``decode``: every running request decodes (the common steady state);
+* ``prefill``: N-8 decoding requests plus a stream of 700-token prompts (2 output
+  tokens each) kept 4 deep in the waiting queue, so every step admits, chunks and
+  finishes requests and most of the 2,048-token budget goes to prefill chunks (the
+  step with the most probe work: ~10 events per step).
+
+Two schedulers run the same deterministic workload: A is vanilla (built, and always
+stepped, with vLLM's original methods on the class), B has the probe attached (all
+flags on, the real :class:`~vllm_probe.sink.EventSink` writing JSON lines to a temp
+file, its writer thread running). Blocks of 20 steps alternate A B, B A, ... for 50
+rounds in one process; before each block the probe is installed or uninstalled with
+:func:`vllm_probe.probe.install` / :func:`~vllm_probe.probe.uninstall`, so A never goes
+through a wrapper. Reported per case: the median µs of one ``schedule()`` call and of
+a whole step (``add_request`` of new arrivals + ``schedule()`` +
+``update_from_output()``), as CPU time of the stepping thread -- on a shared machine
+wall time would add whatever other processes took -- and the writer: the writer
+thread's CPU time over the measured rounds plus a final ``flush()``, per B step. The
+step ratio charges the writer to B in full, as if it never overlapped the scheduler
+(without a model nothing releases the GIL; in an engine the writer mostly runs while
+the model executes). The heap built during set-up is frozen (``gc.freeze()``), as
+vLLM's engine core does after start-up.
+
+**End to end** -- the real engine (offline ``LLM``, engine core in its own process, as
+vLLM runs it) on the tiny local model with random weights: 256 requests of 128 prompt
+tokens x 128 output tokens, ``ignore_eos``, greedy. The probe is switched per process
+exactly as ``vllm-probe run`` does it (the plugin's environment variables, all flags
+on), so runs alternate separate processes: off on, on off, off on, ...; each process
+does one unmeasured warm-up ``generate()`` and then ``--reps`` measured ones. Reported
+per process: median tokens/s and the engine core's peak resident memory; per pair the
+on/off throughput ratio, and the median over pairs. (Switching the probe inside one
+engine process would pair runs closer in time, but on the CPU backend that needs the
+engine core in the user's process -- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the
+single-process executor -- and that configuration's throughput swung 0.3x-7x between
+identical runs here, so it is not used.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- micro --------------------------------------------------------------------------------
+
+BUDGET = 2048
+DECODE_PROMPT = 32
+STREAM_PROMPT = 700
+STREAM_OUTPUT = 2
+STREAM_SLOTS = 8
+STREAM_DEPTH = 4
+BLOCK_SIZE = 16
+
+
+@dataclass
+class MicroRow:
+    """One micro case: A = vanilla, B = probe. Times in µs."""
+
+    case: str
+    running: int  # mean running-queue length over the measured steps
+    steps: int  # measured steps per configuration
+    sched_a: float  # median µs per schedule()
+    sched_b: float
+    step_a: float  # median µs per full step on the stepping thread
+    step_b: float
+    writer: float  # CPU µs per B step spent rendering and writing events (any thread)
+    events: int  # events the probe wrote during the measured blocks
+    dropped: int
+    sched_wall_a: float  # median wall-clock µs per schedule(), for reference
+    sched_wall_b: float
+
+    @property
+    def sched_ratio(self) -> float:
+        return self.sched_b / self.sched_a
+
+    @property
+    def total_b(self) -> float:
+        """B's step with the writer's CPU time added in full (no overlap assumed)."""
+        return self.step_b + self.writer
+
+    @property
+    def total_ratio(self) -> float:
+        return self.total_b / self.step_a
+
+
+class Workload:
+    """A deterministic workload for one scheduler; identical for A and B."""
+
+    def __init__(self, mix: str, n: int, total_steps: int) -> None:
+        from vllm_probe import testing
+
+        self.mix, self.n = mix, n
+        self.decoders = n if mix == "decode" else max(n - STREAM_SLOTS, 0)
+        self.max_tokens = total_steps + 64
+        per_decoder = -(-(DECODE_PROMPT + self.max_tokens) // BLOCK_SIZE) + 1
+        per_stream = -(-(STREAM_PROMPT + STREAM_OUTPUT) // BLOCK_SIZE) + 1
+        self.spec = testing.SchedulerSpec(
+            max_num_batched_tokens=max(BUDGET, n), max_num_seqs=n, block_size=BLOCK_SIZE,
+            num_blocks=self.decoders * per_decoder + (STREAM_SLOTS + STREAM_DEPTH) * per_stream + 16,
+            max_model_len=max(8192, DECODE_PROMPT + self.max_tokens + 16),
+        )
+        self.next_stream = 0
+
+    def build(self) -> Any:
+        from vllm_probe import testing
+
+        sched = testing.make_scheduler(self.spec)
+        for i in range(self.decoders):
+            sched.add_request(testing.make_request(
+                DECODE_PROMPT, self.max_tokens, req_id=f"d{i}", block_size=BLOCK_SIZE, seed=i))
+        return sched
+
+    def arrivals(self, sched: Any) -> list[Any]:
+        """New requests to add before the next step (prefill mix: keep the queue 4 deep)."""
+        if self.mix != "prefill":
+            return []
+        from vllm_probe import testing
+
+        new = []
+        while len(sched.waiting) + len(new) < STREAM_DEPTH:
+            i = self.next_stream
+            self.next_stream += 1
+            new.append(testing.make_request(
+                STREAM_PROMPT, STREAM_OUTPUT, req_id=f"s{i}", block_size=BLOCK_SIZE, seed=10_000 + i))
+        return new
+
+
+class _Driver:
+    """Steps one scheduler, timing schedule() and the whole step.
+
+    Times are the stepping thread's CPU time (``time.thread_time``): on a shared machine
+    it leaves out the time the process waited for a core, which wall time would add to
+    whichever of A or B happened to be running. Wall time is kept too (``*_wall_us``).
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        self.w = workload
+        self.sched = workload.build()
+        self.sched_us: list[float] = []
+        self.step_us: list[float] = []
+        self.sched_wall_us: list[float] = []
+        self.running: list[int] = []
+
+    def run(self, steps: int, record: bool) -> None:
+        from vllm_probe.testing import fake_model_output
+
+        pc, tt = time.perf_counter, time.thread_time
+        s, w = self.sched, self.w
+        sched_us, step_us, wall_us, running = [], [], [], []
+        for _ in range(steps):
+            new = w.arrivals(s)
+            c0 = tt()
+            for r in new:
+                s.add_request(r)
+            c1 = tt()
+            w1 = pc()
+            out = s.schedule()
+            w2 = pc()
+            c2 = tt()
+            mro = fake_model_output(s, out)
+            c3 = tt()
+            s.update_from_output(out, mro)
+            c4 = tt()
+            sched_us.append((c2 - c1) * 1e6)
+            step_us.append(((c2 - c0) + (c4 - c3)) * 1e6)
+            wall_us.append((w2 - w1) * 1e6)
+            running.append(len(s.running))
+        if record:
+            self.sched_us += sched_us
+            self.step_us += step_us
+            self.sched_wall_us += wall_us
+            self.running += running
+
+
+def _thread_cpu(sink: Any) -> float:
+    """CPU seconds used so far by the sink's writer thread (0 without a sink)."""
+    if sink is None:
+        return 0.0
+    return time.clock_gettime(time.pthread_getcpuclockid(sink._thread.ident))
+
+
+def _scheduler_class() -> type:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_probe import probe
+
+    if getattr(Scheduler.schedule, probe.WRAPPED_ATTR, None) is not None:
+        raise RuntimeError("Scheduler is already patched in this process; run the benchmark alone")
+    return Scheduler
+
+
+def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_dir: Path) -> MicroRow:
+    """Measure one case; A and B alternate in blocks of ``block`` steps for ``rounds`` rounds."""
+    from vllm_probe import probe
+    from vllm_probe.settings import ProbeFlags
+    from vllm_probe.sink import EventSink
+
+    cls = _scheduler_class()
+    w_a = Workload(mix, n, warmup + rounds * block)
+    w_b = Workload(mix, n, warmup + rounds * block)
+    flags = ProbeFlags()  # every event kind on, default queue capacity
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The plugin's own sink (probe.file_sink_factory), minus its SIGTERM/SIGINT hook,
+    # which would outlive the benchmark in the caller's process.
+    rt = probe.Runtime(flags, lambda rt: EventSink(
+        out_dir / "events.jsonl", capacity=flags.queue_capacity, stats_extra=rt.health.snapshot))
+    a = _Driver(w_a)  # built with vLLM's own methods: no probe attached
+    try:
+        if not probe.install(cls, rt, "bench"):
+            raise RuntimeError("probe.install patched nothing")
+        b = _Driver(w_b)  # built while installed: the probe attaches itself
+        if probe.attached_probe(b.sched) is None:
+            raise RuntimeError("the probe did not attach to the instrumented scheduler")
+        sink = rt.sink
+        probe.uninstall(cls)
+        a.run(warmup, record=False)
+        probe.install(cls, rt, "bench")
+        b.run(warmup, record=False)
+        sink.flush()
+        # As vLLM's engine core does after start-up (freeze_gc_heap): the heap built so
+        # far is left out of garbage collections, so a collection's cost does not depend
+        # on which thread (stepping or writer) happens to trigger it.
+        gc.collect()
+        gc.freeze()
+        written0, dropped0 = sink.written, sink.dropped
+        writer0 = _thread_cpu(sink)
+        for i in range(rounds):
+            for which in ("ab" if i % 2 == 0 else "ba"):
+                if which == "a":
+                    probe.uninstall(cls)
+                    a.run(block, record=True)
+                else:
+                    probe.install(cls, rt, "bench")
+                    b.run(block, record=True)
+        # The writer thread drains every FLUSH_INTERVAL_S, as in an engine; all of its CPU
+        # time over the measured rounds (idle wake-ups during A blocks included), plus the
+        # final flush of what is still queued, is charged to B.
+        c0 = time.thread_time()
+        sink.flush()
+        writer_s = _thread_cpu(sink) - writer0 + time.thread_time() - c0
+        events, dropped = sink.written - written0, sink.dropped - dropped0
+    finally:
+        gc.unfreeze()
+        probe.uninstall(cls)
+        if rt._sink is not None:
+            rt._sink.close()
+    if a.running != b.running:  # the same workload must have run on both
+        raise RuntimeError(f"{mix}/{n}: A and B diverged")
+    return MicroRow(
+        case=f"{mix} {n}", running=round(statistics.fmean(a.running)), steps=len(a.sched_us),
+        sched_a=statistics.median(a.sched_us), sched_b=statistics.median(b.sched_us),
+        step_a=statistics.median(a.step_us), step_b=statistics.median(b.step_us),
+        writer=writer_s * 1e6 / len(b.step_us), events=events, dropped=dropped,
+        sched_wall_a=statistics.median(a.sched_wall_us), sched_wall_b=statistics.median(b.sched_wall_us),
+    )
+
+
+def run_micro(quick: bool = False, sizes: tuple[int, ...] = (16, 64, 256),
+              mixes: tuple[str, ...] = ("decode", "prefill"), rounds: int | None = None,
+              block: int | None = None, log: Callable[[str], None] | None = None) -> list[MicroRow]:
+    """All micro cases; ``quick`` shrinks them to a few steps (checks that it runs)."""
+    if quick:
+        sizes, rounds, block, warmup = (16,), rounds or 2, block or 5, 5
+    else:
+        rounds, block, warmup = rounds or 50, block or 20, 40
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-") as tmp:
+        for mix in mixes:
+            for n in sizes:
+                if log:
+                    log(f"micro {mix} {n} ...")
+                rows.append(run_micro_case(mix, n, rounds, block, warmup, Path(tmp) / f"{mix}-{n}"))
+    return rows
+
+
+def queue_memory(capacity: int | None = None) -> dict[str, float]:
+    """The sink's worst case: its writer stalled, ``capacity`` + 10% step events emitted.
+
+    Returns the memory the queue holds when full (tracemalloc, MiB) and how many events
+    were dropped (counted) instead of growing it.
+    """
+    import tracemalloc
+
+    from vllm_probe.events import STEP
+    from vllm_probe.settings import ProbeFlags
+    from vllm_probe.sink import EventSink
+
+    capacity = capacity or ProbeFlags().queue_capacity
+    with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-mem-") as tmp:
+        sink = EventSink(Path(tmp) / "events.jsonl", capacity=capacity, flush_interval_s=3600)
+        try:
+            extra = capacity // 10
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(capacity + extra):  # a step event as the probe builds it
+                sink.emit(STEP, time.time(), 0, (i, 256, 2048, 0, 0, 256, 256, 0, 256, 0,
+                                                 0.5, 1000, 1400.0 + i, [], []))
+            held = tracemalloc.get_traced_memory()[0] - before
+            tracemalloc.stop()
+            return {"capacity": capacity, "queue_mib": held / 2**20, "dropped": sink.dropped,
+                    "emitted_beyond_cap": extra}
+        finally:
+            sink._queue.clear()  # not a benchmark of writing them
+            sink.close()
+
+
+# -- end to end ---------------------------------------------------------------------------
+
+
+@dataclass
+class E2EConfig:
+    num_requests: int = 256
+    prompt_tokens: int = 128
+    max_tokens: int = 128
+    reps: int = 3
+    max_num_batched_tokens: int = 4096
+    num_kv_blocks: int = 600
+
+
+@dataclass
+class E2ERun:
+    probe: bool
+    tok_s: list[float]  # per measured generate()
+    engine_peak_rss_mib: float | None
+    events: int = 0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tok_s)
+
+
+class _Engine:
+    """The benchmark's engine: ``LLM`` on the tiny model, ``cfg``'s workload."""
+
+    def __init__(self, cfg: E2EConfig) -> None:
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from vllm_probe.tiny_model import write_tiny_model
+
+        self.cfg = cfg
+        self.llm = LLM(
+            model=str(write_tiny_model()), load_format="dummy", enforce_eager=True, dtype="float32",
+            seed=0, max_model_len=1024, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.num_requests, num_gpu_blocks_override=cfg.num_kv_blocks,
+            gpu_memory_utilization=0.3,
+        )
+        self.params = SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens, ignore_eos=True)
+        self._prompt = TokensPrompt
+        self.reps = 0
+
+    def generate(self) -> float:
+        """One ``generate()`` of the workload (distinct prompts each time); output tokens/s."""
+        cfg, rep = self.cfg, self.reps
+        self.reps += 1
+        batch = [self._prompt(prompt_token_ids=[3 + (rep * 131 + i * 7919 + j * 31) % 500
+                                                for j in range(cfg.prompt_tokens)])
+                 for i in range(cfg.num_requests)]
+        t0 = time.perf_counter()
+        outs = self.llm.generate(batch, self.params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
+
+
+def e2e_worker(cfg: E2EConfig) -> dict[str, Any]:
+    """One engine process: warm up, then ``cfg.reps`` measured generate() calls."""
+    engine = _Engine(cfg)
+    engine.generate()  # warm-up, not measured
+    rates = [engine.generate() for _ in range(cfg.reps)]
+    return {"tok_s": rates, "engine_peak_rss_mib": _peak_rss_mib(_engine_core_process())}
+
+
+def _engine_core_process() -> Any:
+    """The engine-core child process (vLLM titles it ``VLLM::EngineCore``), or None."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
+                return child
+    except Exception:
+        pass
+    return None
+
+
+def _peak_rss_mib(proc: Any) -> float | None:
+    """Peak resident memory (VmHWM) of ``proc``."""
+    try:
+        with open(f"/proc/{proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except Exception:
+        pass
+    return None
+
+
+def run_e2e_process(cfg: E2EConfig, with_probe: bool, run_dir: Path, timeout: float = 900) -> E2ERun:
+    from vllm_probe.launcher import probe_env
+    from vllm_probe.settings import Settings, ProbeFlags
+    from vllm_probe import envvars
+
+    if with_probe:
+        env = probe_env(run_dir, Settings(flags=ProbeFlags()))
+    else:
+        env = {k: v for k, v in os.environ.items()
+               if k not in (envvars.ENABLE, envvars.RUN_DIR, envvars.SETTINGS)}
+    result, proc = _run_worker(["--e2e-worker", json.dumps(asdict(cfg))], env, timeout)
+    events = 0
+    if with_probe:
+        files = list(run_dir.glob("events-*.jsonl"))
+        if not files:
+            raise RuntimeError(f"probe enabled but no events in {run_dir}:\n{proc.stderr[-3000:]}")
+        events = sum(sum(1 for _ in f.open()) for f in files)
+    return E2ERun(with_probe, result["tok_s"], result["engine_peak_rss_mib"], events)
+
+
+def _run_worker(args: list[str], env: dict[str, str], timeout: float) -> tuple[dict[str, Any], Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    result = next((json.loads(line[len("BENCH_RESULT "):]) for line in proc.stdout.splitlines()
+                   if line.startswith("BENCH_RESULT ")), None)
+    if proc.returncode != 0 or result is None:
+        raise RuntimeError(f"e2e worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return result, proc
+
+
+def run_e2e(cfg: E2EConfig, pairs: int, log: Callable[[str], None] | None = None) -> list[tuple[E2ERun, E2ERun]]:
+    """``pairs`` (off, on) process pairs, alternating off on on off … to cancel drift."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-e2e-") as tmp:
+        for i in range(pairs):
+            order = (False, True) if i % 2 == 0 else (True, False)
+            got = {}
+            for on in order:
+                if log:
+                    log(f"e2e pair {i + 1}/{pairs}: probe {'on' if on else 'off'} ...")
+                got[on] = run_e2e_process(cfg, on, Path(tmp) / f"run-{i}-{int(on)}")
+            out.append((got[False], got[True]))
+    return out
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpu = platform.processor() or "cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import vllm
+
+        vv = vllm.__version__
+    except Exception:
+        vv = "?"
+    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}; "
+            f"vLLM {vv}; load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def micro_table(rows: list[MicroRow]) -> str:
+    head = (f"{'case':<12} {'run':>4} {'steps':>6} | {'sched A':>8} {'sched B':>8} {'diff':>6} {'ratio':>6}"
+            f" | {'step A':>8} {'step B':>8} {'writer':>7} {'ratio':>6} | {'ev/step':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.case:<12} {r.running:>4} {r.steps:>6} | {r.sched_a:>8.1f} {r.sched_b:>8.1f}"
+            f" {r.sched_b - r.sched_a:>+6.1f} {r.sched_ratio:>6.3f} | {r.step_a:>8.1f} {r.step_b:>8.1f}"
+            f" {r.writer:>7.1f} {r.total_ratio:>6.3f} | {r.events / r.steps:>7.1f}"
+            + (f" ({r.dropped} dropped)" if r.dropped else ""))
+    return "\n".join(lines)
+
+
+def e2e_table(pairs: list[tuple[E2ERun, E2ERun]]) -> str:
+    head = (f"{'pair':<5} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>6} | {'off RSS MiB':>11}"
+            f" {'on RSS MiB':>10} | {'events':>7}")
+    lines = [head, "-" * len(head)]
+    for i, (off, on) in enumerate(pairs, 1):
+        lines.append(
+            f"{i:<5} {off.median:>10.0f} {on.median:>10.0f} {on.median / off.median:>6.3f} |"
+            f" {_mib(off.engine_peak_rss_mib):>11} {_mib(on.engine_peak_rss_mib):>10} | {on.events:>7}")
+    ratios = [on.median / off.median for off, on in pairs]
+    lines.append(f"median throughput ratio (on/off tokens/s): {statistics.median(ratios):.3f}"
+                 f" (pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
+    rss = [(off.engine_peak_rss_mib, on.engine_peak_rss_mib) for off, on in pairs
+           if off.engine_peak_rss_mib and on.engine_peak_rss_mib]
+    if rss:
+        lines.append("engine-core peak RSS (MiB), on - off, median of pairs: "
+                     f"{statistics.median(b - a for a, b in rss):+.1f}")
+    return "\n".join(lines)
+
+
+def _mib(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the benchmark runs (CI)")
+    part = p.add_mutually_exclusive_group()
+    part.add_argument("--micro-only", action="store_true")
+    part.add_argument("--e2e-only", action="store_true")
+    p.add_argument("--sizes", default="16,64,256", help="running requests for micro (comma list)")
+    p.add_argument("--mixes", default="decode,prefill")
+    p.add_argument("--rounds", type=int, help="micro: A/B rounds (default 50)")
+    p.add_argument("--block", type=int, help="micro: steps per block (default 20)")
+    p.add_argument("--pairs", type=int, default=3, help="e2e: off/on process pairs (default 3)")
+    p.add_argument("--reps", type=int, default=3, help="e2e: measured generate() calls per process")
+    p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--e2e-worker", metavar="CONFIG", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.e2e_worker:
+        print("BENCH_RESULT " + json.dumps(e2e_worker(E2EConfig(**json.loads(args.e2e_worker)))), flush=True)
+        return 0
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    print(f"machine: {machine()}", flush=True)
+    report: dict[str, Any] = {"machine": machine()}
+    if not args.e2e_only:
+        sizes = tuple(int(x) for x in args.sizes.split(","))
+        rows = run_micro(args.quick, sizes, tuple(args.mixes.split(",")), args.rounds, args.block, log)
+        print("\nmicro: vLLM's real Scheduler without a model. A = vanilla, B = probe (all flags on,"
+              " EventSink writing a file).\n  sched: median µs per schedule() (target: ratio <= 1.02 at"
+              " 256 decodes, <= 1.05 otherwise).\n  step: median µs per step (add_request + schedule +"
+              " update_from_output); writer: CPU µs per step\n  rendering and writing events (writer"
+              " thread + final flush), added in full to B for the step ratio.")
+        print(micro_table(rows), flush=True)
+        report["micro"] = [asdict(r) | {"sched_ratio": r.sched_ratio, "total_ratio": r.total_ratio} for r in rows]
+        mem = queue_memory(1000 if args.quick else None)
+        print(f"memory bound: sink queue full ({mem['capacity']} events, writer stalled) holds "
+              f"{mem['queue_mib']:.1f} MiB; {mem['dropped']} of {mem['emitted_beyond_cap']} further "
+              "events dropped and counted", flush=True)
+        report["queue_memory"] = mem
+    if not args.micro_only:
+        cfg = E2EConfig(num_requests=16, max_tokens=8, reps=1) if args.quick else E2EConfig(reps=args.reps)
+        pairs = run_e2e(cfg, 1 if args.quick else args.pairs, log)
+        print(f"\nend to end: LLM on the tiny model, {cfg.num_requests} requests × {cfg.prompt_tokens} prompt"
+              f" × {cfg.max_tokens} output tokens (ignore_eos, greedy), budget {cfg.max_num_batched_tokens};"
+              f" median of {cfg.reps} generate() per process")
+        print(e2e_table(pairs), flush=True)
+        report["e2e"] = [{"off": asdict(off), "on": asdict(on)} for off, on in pairs]
+    print(f"\nload avg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):  # `python benchmarks/bench_overhead.py`
+        sys.path.insert(0, str(ROOT))
+    sys.exit(main())

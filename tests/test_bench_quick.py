@@ -1,0 +1,44 @@
+"""The overhead benchmark still runs: its micro part in quick mode (no engine, seconds).
+
+Only that it produces rows is checked, not the timings (docs/performance.md has those).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import requires_vllm
+
+
+@requires_vllm
+def test_micro_quick_produces_rows_and_leaves_scheduler_unpatched(capsys, tmp_path):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from benchmarks import bench_overhead
+    from vllm_probe import probe
+
+    report = tmp_path / "bench.json"
+    assert bench_overhead.main(["--quick", "--micro-only", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    printed = [line.split()[:2] for line in out.splitlines() if line.startswith(("decode ", "prefill "))]
+    assert printed == [["decode", "16"], ["prefill", "16"]]
+    assert "memory bound: sink queue full (1000 events" in out
+
+    rows = json.loads(report.read_text())["micro"]
+    assert [r["case"] for r in rows] == ["decode 16", "prefill 16"]
+    for r in rows:
+        assert r["steps"] == 10
+        assert r["sched_a"] > 0 and r["sched_b"] > 0 and r["step_a"] > 0 and r["writer"] >= 0
+        assert r["events"] >= r["steps"] and r["dropped"] == 0  # a step event per probed step
+    assert rows[1]["events"] > rows[1]["steps"]  # prefill mix: chunks and request events too
+    assert getattr(Scheduler.schedule, probe.WRAPPED_ATTR, None) is None
+
+
+def test_micro_and_e2e_only_exclude_each_other():
+    from benchmarks import bench_overhead
+
+    with pytest.raises(SystemExit) as e:
+        bench_overhead.main(["--quick", "--micro-only", "--e2e-only"])
+    assert e.value.code == 2
