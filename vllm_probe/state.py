@@ -37,7 +37,7 @@ WAITING, PREFILL, DECODE, PREEMPTED, FINISHED = "waiting", "prefill", "decode", 
 LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     """The numbers of one step kept in the rolling window."""
 
@@ -249,6 +249,7 @@ class EngineState:
     requests: dict[str, RequestState] = field(default_factory=dict)
     finished: deque = field(init=False)
     _awaiting_token: dict[str, RequestState] = field(default_factory=dict)
+    _max_num_seqs: int | None = None  # cached from config for the per-step hot path
 
     def __post_init__(self) -> None:
         self.window = deque(maxlen=self.step_window)
@@ -368,17 +369,24 @@ class RunState:
         if handler is None:
             return
         ts = ev["ts"]
-        eng = self.engine(ev.get("engine", 0) or 0)
-        if "pid" in ev:
-            eng.pids.add(ev["pid"])
-        if eng.first_ts is None or ts < eng.first_ts:
-            eng.first_ts = ts
-        if eng.last_ts is None or ts > eng.last_ts:
+        idx = ev.get("engine", 0) or 0
+        eng = self.engines.get(idx) or self.engine(idx)
+        pid = ev.get("pid")
+        if pid is not None and pid not in eng.pids:
+            eng.pids.add(pid)
+        # hot path (one call per event): compare against the known range only
+        if eng.last_ts is None:
+            eng.first_ts = eng.last_ts = ts
+        elif ts > eng.last_ts:
             eng.last_ts = ts
-        if self.first_ts is None or ts < self.first_ts:
-            self.first_ts = ts
-        if self.last_ts is None or ts > self.last_ts:
+        elif ts < eng.first_ts:
+            eng.first_ts = ts
+        if self.last_ts is None:
+            self.first_ts = self.last_ts = ts
+        elif ts > self.last_ts:
             self.last_ts = ts
+        elif ts < self.first_ts:
+            self.first_ts = ts
         self.events += 1
         handler(eng, ev)
 
@@ -407,24 +415,42 @@ class RunState:
 
     def _engine_config(self, eng: EngineState, ev: dict) -> None:
         eng.config = ev
+        eng._max_num_seqs = ev.get("max_num_seqs")
 
     def _step(self, eng: EngineState, ev: dict) -> None:
-        step = ev.get("step", eng.last_step + 1)
-        eng.last_step = max(eng.last_step, step)
+        get = ev.get
+        step = get("step", eng.last_step + 1)
+        if step > eng.last_step:
+            eng.last_step = step
         eng.latest = ev
         eng.steps += 1
-        scheduled = ev.get("scheduled_tokens", 0)
+        scheduled = get("scheduled_tokens", 0)
+        prefill, decode = get("prefill_tokens"), get("decode_tokens")
+        schedule_us = get("schedule_us", 0.0)
         eng.scheduled_tokens += scheduled
-        eng.prefill_tokens += ev.get("prefill_tokens") or 0
-        eng.decode_tokens += ev.get("decode_tokens") or 0
-        eng.schedule_us_total += ev.get("schedule_us", 0.0)
-        bound = bound_by(ev, eng.max_num_seqs)
+        if prefill:
+            eng.prefill_tokens += prefill
+        if decode:
+            eng.decode_tokens += decode
+        eng.schedule_us_total += schedule_us
+        # bound_by(), inlined: this runs once per step event
+        waiting = get("waiting", 0)
+        if scheduled >= get("token_budget", 1 << 62):
+            bound = "token_budget"
+        elif waiting and eng._max_num_seqs is not None and get("running", 0) >= eng._max_num_seqs:
+            bound = "max_num_seqs"
+        elif waiting or get("preempted"):
+            bound = "kv_cache"
+        else:
+            bound = "none"
         eng.bound_counts[bound] += 1
-        eng.window.append(StepRecord(
-            step, ev["ts"], scheduled, ev.get("token_budget", 0), ev.get("prefill_tokens"),
-            ev.get("decode_tokens"), ev.get("running", 0), ev.get("waiting", 0),
-            ev.get("kv_usage", 0.0), ev.get("schedule_us", 0.0), len(ev.get("preempted") or ()), bound,
-        ))
+        if self.step_window:
+            preempted = get("preempted")
+            eng.window.append(StepRecord(
+                step, ev["ts"], scheduled, get("token_budget", 0), prefill, decode,
+                get("running", 0), waiting, get("kv_usage", 0.0), schedule_us,
+                len(preempted) if preempted else 0, bound,
+            ))
         if eng._awaiting_token:
             done = [r for r in eng._awaiting_token.values() if r.first_token_step is not None and r.first_token_step < step]
             for req in done:

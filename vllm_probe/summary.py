@@ -281,7 +281,7 @@ def summarize_events(events: Iterable[dict], stats: ReadStats | None = None, run
     request records cost about a tenth of the time.
     """
     col = _Collector()
-    state = RunState(on_request_finished=col.on_finished)
+    state = RunState(step_window=0, on_request_finished=col.on_finished)  # no rolling chart here
     apply = state.apply
     on_chunk, on_preempt = col.chunk, col.preempt
     hist = col.step_hist
