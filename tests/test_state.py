@@ -216,3 +216,24 @@ def test_probe_stats_count_the_last_line_per_file():
     eng = RunState().apply_all(hand_stream() + stats).engines[0]
     assert eng.events_dropped == 5 + 7  # pid 1: its last (cumulative) line; pid 2: 7
     assert eng.hooks_disabled == ["chunk"]
+
+
+def test_requests_finish_from_step_ids_when_request_events_are_off():
+    """With log_request_events off, a step's `finished` ids close the request (bounded memory)."""
+    from vllm_probe.state import RunState
+
+    st = RunState()
+    common = {"pid": 1, "engine": 0, "schema": 1}
+    st.apply({"event": "chunk", "ts": 1.0, "step": 0, "req_id": "a", "chunk_index": 0, "start": 0,
+              "end": 10, "prompt_len": 10, "prefill_len": 10, "last": True, "resumed": False,
+              "prefix_hit_tokens": 0, **common})
+    st.apply({"event": "step", "ts": 1.0, "step": 0, "scheduled_tokens": 10, "token_budget": 64,
+              "running": 1, "waiting": 0, "preempted": [], "finished": [], **common})
+    assert "a" in st.engines[0].requests
+    st.apply({"event": "step", "ts": 2.0, "step": 1, "scheduled_tokens": 0, "token_budget": 64,
+              "running": 0, "waiting": 0, "preempted": [], "finished": ["a"], **common})
+    eng = st.engines[0]
+    assert eng.requests == {} and eng.requests_finished == 1
+    (req,) = eng.finished
+    # first token: sampled at the end of step 0, seen at the next step (ts 2.0)
+    assert (req.req_id, req.phase, req.finished_ts, req.first_token_ts) == ("a", "finished", 2.0, 2.0)

@@ -136,6 +136,8 @@ class SchedulerProbe:
         self.emit = rt.sink.emit
         settings = compat.engine_settings(sched)
         self.engine = settings.pop("engine")
+        if hasattr(rt.sink, "engine"):  # the file's probe_stats carry this engine's rank
+            rt.sink.engine = self.engine
         self.budget = compat.token_budget(sched)
         self.queue_lengths = compat.queue_lengths_reader(sched)
         self.step = -1

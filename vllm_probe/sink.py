@@ -183,6 +183,8 @@ class EventSink:
     ) -> None:
         self.path = Path(path)
         self.pid = os.getpid()
+        #: data-parallel rank written on probe_stats lines (set by the engine core's probe)
+        self.engine = 0
         self._queue: deque[QueuedEvent] = deque()
         self._capacity = capacity
         self._stats_extra = stats_extra
@@ -320,7 +322,7 @@ class EventSink:
                 return
             errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
             self._stats_at = (self.written, self.dropped)
-            self._render([(PROBE_STATS, time.time(), 0, (self.written, self.dropped, errors, disabled))])
+            self._render([(PROBE_STATS, time.time(), self.engine, (self.written, self.dropped, errors, disabled))])
             lines, self._buffer.lines = self._buffer.lines, []
             self._buffer.failed = []
             if lines:

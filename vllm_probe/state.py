@@ -451,6 +451,13 @@ class RunState:
                 get("running", 0), waiting, get("kv_usage", 0.0), schedule_us,
                 len(preempted) if preempted else 0, bound,
             ))
+        finished = get("finished")
+        if finished:
+            # Normally request_finished came first and the request is gone already; with
+            # log_request_events off this is the only sign, and keeps memory bounded.
+            for rid in finished:
+                if rid in eng.requests:
+                    self._finished(eng, {"ts": ev["ts"], "req_id": rid})
         if eng._awaiting_token:
             done = [r for r in eng._awaiting_token.values() if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
