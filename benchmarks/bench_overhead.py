@@ -150,23 +150,20 @@ class _Driver:
 
     Times are the stepping thread's CPU time (``time.thread_time``): on a shared machine
     it leaves out the time the process waited for a core, which wall time would add to
-    whichever of A or B happened to be running. Wall time is kept too (``*_wall_us``).
+    whichever of A or B happened to be running. Wall time is kept too (``sched_wall``).
     """
 
     def __init__(self, workload: Workload) -> None:
         self.w = workload
         self.sched = workload.build()
-        self.sched_us: list[float] = []
-        self.step_us: list[float] = []
-        self.sched_wall_us: list[float] = []
-        self.running: list[int] = []
 
-    def run(self, steps: int, record: bool) -> None:
+    def run(self, steps: int, into: dict[str, list[float]] | None = None) -> None:
+        """``steps`` steps; their timings are appended to ``into`` (None: not recorded)."""
         from vllm_probe.testing import fake_model_output
 
         pc, tt = time.perf_counter, time.thread_time
         s, w = self.sched, self.w
-        sched_us, step_us, wall_us, running = [], [], [], []
+        sched_us, step_us, wall_us = [], [], []
         for _ in range(steps):
             new = w.arrivals(s)
             c0 = tt()
@@ -184,12 +181,10 @@ class _Driver:
             sched_us.append((c2 - c1) * 1e6)
             step_us.append(((c2 - c0) + (c4 - c3)) * 1e6)
             wall_us.append((w2 - w1) * 1e6)
-            running.append(len(s.running))
-        if record:
-            self.sched_us += sched_us
-            self.step_us += step_us
-            self.sched_wall_us += wall_us
-            self.running += running
+        if into is not None:
+            into["sched"] += sched_us
+            into["step"] += step_us
+            into["sched_wall"] += wall_us
 
 
 def _thread_cpu(sink: Any) -> float:
@@ -209,33 +204,41 @@ def _scheduler_class() -> type:
     return Scheduler
 
 
-def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_dir: Path) -> MicroRow:
-    """Measure one case; A and B alternate in blocks of ``block`` steps for ``rounds`` rounds."""
+def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_dir: Path,
+                   probe_on: bool = True) -> MicroRow:
+    """Measure one case on one scheduler: blocks of ``block`` steps alternate between A
+    (vLLM's own methods) and B (the probe installed), A B, B A, ... for ``rounds`` rounds.
+
+    One scheduler instance serves both, so both see the same objects and memory (two
+    instances differ by a few percent on their own). While uninstalled, the attached
+    probe sees nothing; before each B block its record of requests in mid-prefill is
+    brought up to date (requests that finished their prefill during an A block are
+    dropped), as the probe would have done itself. ``probe_on=False`` leaves the probe
+    out of B as well: an A/A run whose ratios show the noise floor.
+    """
     from vllm_probe import probe
     from vllm_probe.settings import ProbeFlags
     from vllm_probe.sink import EventSink
 
     cls = _scheduler_class()
-    w_a = Workload(mix, n, warmup + rounds * block)
-    w_b = Workload(mix, n, warmup + rounds * block)
     flags = ProbeFlags()  # every event kind on, default queue capacity
     out_dir.mkdir(parents=True, exist_ok=True)
     # The plugin's own sink (probe.file_sink_factory), minus its SIGTERM/SIGINT hook,
     # which would outlive the benchmark in the caller's process.
     rt = probe.Runtime(flags, lambda rt: EventSink(
         out_dir / "events.jsonl", capacity=flags.queue_capacity, stats_extra=rt.health.snapshot))
-    a = _Driver(w_a)  # built with vLLM's own methods: no probe attached
+    a: dict[str, list[float]] = {"sched": [], "step": [], "sched_wall": []}
+    b: dict[str, list[float]] = {"sched": [], "step": [], "sched_wall": []}
+    running: list[int] = []
     try:
         if not probe.install(cls, rt, "bench"):
             raise RuntimeError("probe.install patched nothing")
-        b = _Driver(w_b)  # built while installed: the probe attaches itself
-        if probe.attached_probe(b.sched) is None:
-            raise RuntimeError("the probe did not attach to the instrumented scheduler")
+        d = _Driver(Workload(mix, n, warmup + 2 * rounds * block))  # built with the probe attached
+        attached = probe.attached_probe(d.sched)
+        if attached is None:
+            raise RuntimeError("the probe did not attach to the scheduler")
         sink = rt.sink
-        probe.uninstall(cls)
-        a.run(warmup, record=False)
-        probe.install(cls, rt, "bench")
-        b.run(warmup, record=False)
+        d.run(warmup)
         sink.flush()
         # As vLLM's engine core does after start-up (freeze_gc_heap): the heap built so
         # far is left out of garbage collections, so a collection's cost does not depend
@@ -246,12 +249,13 @@ def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_d
         writer0 = _thread_cpu(sink)
         for i in range(rounds):
             for which in ("ab" if i % 2 == 0 else "ba"):
-                if which == "a":
-                    probe.uninstall(cls)
-                    a.run(block, record=True)
-                else:
+                if which == "b" and probe_on:
+                    _catch_up(attached, d.sched)
                     probe.install(cls, rt, "bench")
-                    b.run(block, record=True)
+                else:
+                    probe.uninstall(cls)
+                d.run(block, b if which == "b" else a)
+                running.append(len(d.sched.running))
         # The writer thread drains every FLUSH_INTERVAL_S, as in an engine; all of its CPU
         # time over the measured rounds (idle wake-ups during A blocks included), plus the
         # final flush of what is still queued, is charged to B.
@@ -264,20 +268,31 @@ def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_d
         probe.uninstall(cls)
         if rt._sink is not None:
             rt._sink.close()
-    if a.running != b.running:  # the same workload must have run on both
-        raise RuntimeError(f"{mix}/{n}: A and B diverged")
     return MicroRow(
-        case=f"{mix} {n}", running=round(statistics.fmean(a.running)), steps=len(a.sched_us),
-        sched_a=statistics.median(a.sched_us), sched_b=statistics.median(b.sched_us),
-        step_a=statistics.median(a.step_us), step_b=statistics.median(b.step_us),
-        writer=writer_s * 1e6 / len(b.step_us), events=events, dropped=dropped,
-        sched_wall_a=statistics.median(a.sched_wall_us), sched_wall_b=statistics.median(b.sched_wall_us),
+        case=f"{mix} {n}", running=round(statistics.fmean(running)), steps=len(a["sched"]),
+        sched_a=statistics.median(a["sched"]), sched_b=statistics.median(b["sched"]),
+        step_a=statistics.median(a["step"]), step_b=statistics.median(b["step"]),
+        writer=writer_s * 1e6 / len(b["step"]), events=events, dropped=dropped,
+        sched_wall_a=statistics.median(a["sched_wall"]), sched_wall_b=statistics.median(b["sched_wall"]),
     )
+
+
+def _catch_up(attached: Any, sched: Any) -> None:
+    """Drop from the probe's mid-prefill record the requests whose prefill ended (or that
+    left) while it was uninstalled; the workloads here never preempt."""
+    if attached.resume_pending:
+        raise RuntimeError("the micro workloads are not meant to preempt")
+    requests = sched.requests
+    for rid, p in list(attached.prefilling.items()):
+        req = requests.get(rid)
+        if req is None or req.num_computed_tokens >= p.prefill_len:
+            del attached.prefilling[rid]
 
 
 def run_micro(quick: bool = False, sizes: tuple[int, ...] = (16, 64, 256),
               mixes: tuple[str, ...] = ("decode", "prefill"), rounds: int | None = None,
-              block: int | None = None, log: Callable[[str], None] | None = None) -> list[MicroRow]:
+              block: int | None = None, log: Callable[[str], None] | None = None,
+              probe_on: bool = True) -> list[MicroRow]:
     """All micro cases; ``quick`` shrinks them to a few steps (checks that it runs)."""
     if quick:
         sizes, rounds, block, warmup = (16,), rounds or 2, block or 5, 5
@@ -289,7 +304,8 @@ def run_micro(quick: bool = False, sizes: tuple[int, ...] = (16, 64, 256),
             for n in sizes:
                 if log:
                     log(f"micro {mix} {n} ...")
-                rows.append(run_micro_case(mix, n, rounds, block, warmup, Path(tmp) / f"{mix}-{n}"))
+                rows.append(run_micro_case(mix, n, rounds, block, warmup, Path(tmp) / f"{mix}-{n}",
+                                           probe_on=probe_on))
     return rows
 
 
@@ -528,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mixes", default="decode,prefill")
     p.add_argument("--rounds", type=int, help="micro: A/B rounds (default 50)")
     p.add_argument("--block", type=int, help="micro: steps per block (default 20)")
+    p.add_argument("--aa", action="store_true",
+                   help="micro: B without the probe too (A/A), to see the measurement's noise floor")
     p.add_argument("--pairs", type=int, default=3, help="e2e: off/on process pairs (default 3)")
     p.add_argument("--reps", type=int, default=3, help="e2e: measured generate() calls per process")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -545,7 +563,10 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"machine": machine()}
     if not args.e2e_only:
         sizes = tuple(int(x) for x in args.sizes.split(","))
-        rows = run_micro(args.quick, sizes, tuple(args.mixes.split(",")), args.rounds, args.block, log)
+        rows = run_micro(args.quick, sizes, tuple(args.mixes.split(",")), args.rounds, args.block, log,
+                         probe_on=not args.aa)
+        if args.aa:
+            print("\nA/A run: B without the probe as well; the ratios show the noise floor.")
         print("\nmicro: vLLM's real Scheduler without a model. A = vanilla, B = probe (all flags on,"
               " EventSink writing a file).\n  sched: median µs per schedule() (target: ratio <= 1.02 at"
               " 256 decodes, <= 1.05 otherwise).\n  step: median µs per step (add_request + schedule +"
