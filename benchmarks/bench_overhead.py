@@ -1,6 +1,6 @@
 """What the probe costs: vLLM's real scheduler and the real engine, with and without it.
 
-    python -m benchmarks.bench_overhead            # micro + end to end (~10 min here)
+    python -m benchmarks.bench_overhead            # micro + end to end (~6 min here)
     python -m benchmarks.bench_overhead --quick    # CI: checks that it runs, not the numbers
     python benchmarks/bench_overhead.py --micro-only
 
@@ -13,34 +13,36 @@ at 16, 64 and 256 running requests, for two mixes:
   finishes requests and most of the 2,048-token budget goes to prefill chunks (the
   step with the most probe work: ~10 events per step).
 
-Two schedulers run the same deterministic workload: A is vanilla (built, and always
-stepped, with vLLM's original methods on the class), B has the probe attached (all
-flags on, the real :class:`~vllm_probe.sink.EventSink` writing JSON lines to a temp
-file, its writer thread running). Blocks of 20 steps alternate A B, B A, ... for 50
-rounds in one process; before each block the probe is installed or uninstalled with
-:func:`vllm_probe.probe.install` / :func:`~vllm_probe.probe.uninstall`, so A never goes
-through a wrapper. Reported per case: the median µs of one ``schedule()`` call and of
-a whole step (``add_request`` of new arrivals + ``schedule()`` +
-``update_from_output()``), as CPU time of the stepping thread -- on a shared machine
-wall time would add whatever other processes took -- and the writer: the writer
-thread's CPU time over the measured rounds plus a final ``flush()``, per B step. The
-step ratio charges the writer to B in full, as if it never overlapped the scheduler
-(without a model nothing releases the GIL; in an engine the writer mostly runs while
-the model executes). The heap built during set-up is frozen (``gc.freeze()``), as
-vLLM's engine core does after start-up.
+One scheduler runs the workload; blocks of 20 steps alternate between A (vLLM's own
+methods on the class) and B (the probe installed: all flags on, the real
+:class:`~vllm_probe.sink.EventSink` writing JSON lines to a temp file, its writer thread
+running), A B, B A, ... for 50 rounds in one process, switched with
+:func:`vllm_probe.probe.install` / :func:`~vllm_probe.probe.uninstall` (A never goes
+through a wrapper; one instance for both, because two instances of the same workload
+differ by a few percent on their own). Reported per case: the median µs of one
+``schedule()`` call and of a whole step (``add_request`` of new arrivals +
+``schedule()`` + ``update_from_output()``), as CPU time of the stepping thread -- on a
+shared machine wall time would add whatever other processes took -- and the writer: the
+writer thread's CPU time over the measured rounds plus a final ``flush()``, per B step.
+The step ratio charges the writer to B in full, as if it never overlapped the scheduler
+(without a model nothing releases the GIL; in an engine the writer mostly runs while the
+model executes). The heap built during set-up is frozen (``gc.freeze()``), as vLLM's
+engine core does after start-up. ``--aa`` runs B without the probe too: its ratios are
+the measurement's noise floor.
 
 **End to end** -- the real engine (offline ``LLM``, engine core in its own process, as
 vLLM runs it) on the tiny local model with random weights: 256 requests of 128 prompt
 tokens x 128 output tokens, ``ignore_eos``, greedy. The probe is switched per process
 exactly as ``vllm-probe run`` does it (the plugin's environment variables, all flags
-on), so runs alternate separate processes: off on, on off, off on, ...; each process
-does one unmeasured warm-up ``generate()`` and then ``--reps`` measured ones. Reported
-per process: median tokens/s and the engine core's peak resident memory; per pair the
-on/off throughput ratio, and the median over pairs. (Switching the probe inside one
-engine process would pair runs closer in time, but on the CPU backend that needs the
-engine core in the user's process -- ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and the
-single-process executor -- and that configuration's throughput swung 0.3x-7x between
-identical runs here, so it is not used.)
+on), so two engines are started side by side, one without and one with the probe; after
+an unmeasured warm-up each, their measured ``generate()`` calls alternate one at a
+time -- off on, on off, ... (``--pairs``, default 8) -- the other engine idle meanwhile,
+so that a pair is seconds apart and a shared machine's changing load hits both alike.
+Reported: tokens/s of each call, the on/off ratio per pair and its median, the engine
+cores' peak resident memory, and the events written. (Runs in separate, successive
+processes varied by +-10-20% here from the load alone; switching the probe inside one
+engine needs the engine core in the user's process on the CPU backend, where
+throughput swung 0.3x-7x between identical runs.)
 """
 
 from __future__ import annotations
@@ -348,21 +350,29 @@ class E2EConfig:
     num_requests: int = 256
     prompt_tokens: int = 128
     max_tokens: int = 128
-    reps: int = 3
     max_num_batched_tokens: int = 4096
     num_kv_blocks: int = 600
 
 
+#: Pause before each measured generate(): an idle engine's worker keeps polling its
+#: shared-memory queue for 1 s after its last step (vLLM's SpinCondition), which would
+#: steal a core from the other engine's run.
+IDLE_BEFORE_RUN_S = 1.5
+
+
 @dataclass
-class E2ERun:
-    probe: bool
-    tok_s: list[float]  # per measured generate()
-    engine_peak_rss_mib: float | None
-    events: int = 0
+class E2EResult:
+    """Tokens/s of each measured generate(), pair by pair, of the two engines."""
+
+    off: list[float]
+    on: list[float]
+    rss_off_mib: float | None
+    rss_on_mib: float | None
+    events: int
 
     @property
-    def median(self) -> float:
-        return statistics.median(self.tok_s)
+    def ratios(self) -> list[float]:
+        return [b / a for a, b in zip(self.off, self.on)]
 
 
 class _Engine:
@@ -398,12 +408,19 @@ class _Engine:
         return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed
 
 
-def e2e_worker(cfg: E2EConfig) -> dict[str, Any]:
-    """One engine process: warm up, then ``cfg.reps`` measured generate() calls."""
+def e2e_server(cfg: E2EConfig) -> int:
+    """An engine process driven over stdin: ``gen`` runs one measured generate() and
+    answers its tokens/s; ``quit`` answers the engine core's peak RSS and ends."""
     engine = _Engine(cfg)
     engine.generate()  # warm-up, not measured
-    rates = [engine.generate() for _ in range(cfg.reps)]
-    return {"tok_s": rates, "engine_peak_rss_mib": _peak_rss_mib(_engine_core_process())}
+    print("READY", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "gen":
+            print("BENCH_RESULT " + json.dumps(engine.generate()), flush=True)
+        elif line.strip() == "quit":
+            print("BENCH_RESULT " + json.dumps(_peak_rss_mib(_engine_core_process())), flush=True)
+            break
+    return 0
 
 
 def _engine_core_process() -> Any:
@@ -431,49 +448,101 @@ def _peak_rss_mib(proc: Any) -> float | None:
     return None
 
 
-def run_e2e_process(cfg: E2EConfig, with_probe: bool, run_dir: Path, timeout: float = 900) -> E2ERun:
-    from vllm_probe.launcher import probe_env
-    from vllm_probe.settings import Settings, ProbeFlags
+class _Server:
+    """Parent side of :func:`e2e_server`."""
+
+    def __init__(self, cfg: E2EConfig, env: dict[str, str], log_path: Path) -> None:
+        import queue
+        import threading
+
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--e2e-server", json.dumps(asdict(cfg))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env, cwd=ROOT)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            for line in self.proc.stdout:
+                self._lines.put(line.strip())
+            self._lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def _expect(self, prefix: str, timeout: float) -> str:
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.001))
+            except queue.Empty:
+                line = None
+            if line is None:
+                tail = self.log_path.read_text()[-3000:]
+                raise RuntimeError(f"e2e engine process failed (exit {self.proc.poll()}):\n{tail}")
+            if line.startswith(prefix):
+                return line[len(prefix):]
+
+    def ready(self, timeout: float = 900) -> None:
+        self._expect("READY", timeout)
+
+    def call(self, cmd: str, timeout: float = 900) -> Any:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect("BENCH_RESULT ", timeout))
+
+    def close(self) -> float | None:
+        try:
+            rss = self.call("quit", timeout=60) if self.proc.poll() is None else None
+            self.proc.wait(timeout=120)
+            return rss
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self._log.close()
+
+
+def run_e2e(cfg: E2EConfig, pairs: int, log: Callable[[str], None] | None = None,
+            probe_on: bool = True) -> E2EResult:
+    """Two engines alive side by side, probe off and probe on, each in its own processes
+    as vLLM runs them; their measured generate() calls alternate one at a time, off on,
+    on off, ..., the other engine idle meanwhile. ``probe_on=False``: both without the
+    probe (A/A)."""
     from vllm_probe import envvars
+    from vllm_probe.launcher import probe_env
+    from vllm_probe.settings import ProbeFlags, Settings
 
-    if with_probe:
-        env = probe_env(run_dir, Settings(flags=ProbeFlags()))
-    else:
-        env = {k: v for k, v in os.environ.items()
-               if k not in (envvars.ENABLE, envvars.RUN_DIR, envvars.SETTINGS)}
-    result, proc = _run_worker(["--e2e-worker", json.dumps(asdict(cfg))], env, timeout)
-    events = 0
-    if with_probe:
-        files = list(run_dir.glob("events-*.jsonl"))
-        if not files:
-            raise RuntimeError(f"probe enabled but no events in {run_dir}:\n{proc.stderr[-3000:]}")
-        events = sum(sum(1 for _ in f.open()) for f in files)
-    return E2ERun(with_probe, result["tok_s"], result["engine_peak_rss_mib"], events)
-
-
-def _run_worker(args: list[str], env: dict[str, str], timeout: float) -> tuple[dict[str, Any], Any]:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    result = next((json.loads(line[len("BENCH_RESULT "):]) for line in proc.stdout.splitlines()
-                   if line.startswith("BENCH_RESULT ")), None)
-    if proc.returncode != 0 or result is None:
-        raise RuntimeError(f"e2e worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return result, proc
-
-
-def run_e2e(cfg: E2EConfig, pairs: int, log: Callable[[str], None] | None = None) -> list[tuple[E2ERun, E2ERun]]:
-    """``pairs`` (off, on) process pairs, alternating off on on off … to cancel drift."""
-    out = []
     with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-e2e-") as tmp:
-        for i in range(pairs):
-            order = (False, True) if i % 2 == 0 else (True, False)
-            got = {}
-            for on in order:
+        run_dir = Path(tmp) / "run"
+        env_on = probe_env(run_dir, Settings(flags=ProbeFlags()))
+        env_off = {k: v for k, v in os.environ.items()
+                   if k not in (envvars.ENABLE, envvars.RUN_DIR, envvars.SETTINGS)}
+        if not probe_on:
+            env_on = env_off
+        if log:
+            log("e2e: starting the two engines (probe off, probe on) ...")
+        servers = {False: _Server(cfg, env_off, Path(tmp) / "off.log"),
+                   True: _Server(cfg, env_on, Path(tmp) / "on.log")}
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        rss: dict[bool, float | None] = {}
+        try:
+            for srv in servers.values():
+                srv.ready()
+            for i in range(pairs):
                 if log:
-                    log(f"e2e pair {i + 1}/{pairs}: probe {'on' if on else 'off'} ...")
-                got[on] = run_e2e_process(cfg, on, Path(tmp) / f"run-{i}-{int(on)}")
-            out.append((got[False], got[True]))
-    return out
+                    log(f"e2e pair {i + 1}/{pairs} ...")
+                for on in ((False, True) if i % 2 == 0 else (True, False)):
+                    time.sleep(IDLE_BEFORE_RUN_S)
+                    rates[on].append(servers[on].call("gen"))
+        finally:
+            for on, srv in servers.items():
+                rss[on] = srv.close()
+        files = list(run_dir.glob("events-*.jsonl"))
+        if probe_on and not files:
+            raise RuntimeError(f"probe enabled but no events in {run_dir}")
+        events = sum(sum(1 for _ in f.open()) for f in files)
+    return E2EResult(rates[False], rates[True], rss[False], rss[True], events)
 
 
 # -- report -------------------------------------------------------------------------------
@@ -511,22 +580,16 @@ def micro_table(rows: list[MicroRow]) -> str:
     return "\n".join(lines)
 
 
-def e2e_table(pairs: list[tuple[E2ERun, E2ERun]]) -> str:
-    head = (f"{'pair':<5} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>6} | {'off RSS MiB':>11}"
-            f" {'on RSS MiB':>10} | {'events':>7}")
+def e2e_table(r: E2EResult) -> str:
+    head = f"{'pair':<5} {'off tok/s':>10} {'on tok/s':>10} {'ratio':>6}"
     lines = [head, "-" * len(head)]
-    for i, (off, on) in enumerate(pairs, 1):
-        lines.append(
-            f"{i:<5} {off.median:>10.0f} {on.median:>10.0f} {on.median / off.median:>6.3f} |"
-            f" {_mib(off.engine_peak_rss_mib):>11} {_mib(on.engine_peak_rss_mib):>10} | {on.events:>7}")
-    ratios = [on.median / off.median for off, on in pairs]
-    lines.append(f"median throughput ratio (on/off tokens/s): {statistics.median(ratios):.3f}"
-                 f" (pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
-    rss = [(off.engine_peak_rss_mib, on.engine_peak_rss_mib) for off, on in pairs
-           if off.engine_peak_rss_mib and on.engine_peak_rss_mib]
-    if rss:
-        lines.append("engine-core peak RSS (MiB), on - off, median of pairs: "
-                     f"{statistics.median(b - a for a, b in rss):+.1f}")
+    for i, (off, on, ratio) in enumerate(zip(r.off, r.on, r.ratios), 1):
+        lines.append(f"{i:<5} {off:>10.0f} {on:>10.0f} {ratio:>6.3f}")
+    lines.append(f"median throughput ratio (on/off): {statistics.median(r.ratios):.3f} (target >= 0.99);"
+                 f" median tokens/s off {statistics.median(r.off):.0f}, on {statistics.median(r.on):.0f}")
+    lines.append(f"engine-core peak RSS: off {_mib(r.rss_off_mib)} MiB, on {_mib(r.rss_on_mib)} MiB"
+                 + (f" ({r.rss_on_mib - r.rss_off_mib:+.1f} MiB)" if r.rss_on_mib and r.rss_off_mib else "")
+                 + f"; {r.events} events written")
     return "\n".join(lines)
 
 
@@ -545,16 +608,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, help="micro: A/B rounds (default 50)")
     p.add_argument("--block", type=int, help="micro: steps per block (default 20)")
     p.add_argument("--aa", action="store_true",
-                   help="micro: B without the probe too (A/A), to see the measurement's noise floor")
-    p.add_argument("--pairs", type=int, default=3, help="e2e: off/on process pairs (default 3)")
-    p.add_argument("--reps", type=int, default=3, help="e2e: measured generate() calls per process")
+                   help="B without the probe too (A/A), to see the measurement's noise floor")
+    p.add_argument("--pairs", type=int, default=8, help="e2e: off/on generate() pairs (default 8)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
-    p.add_argument("--e2e-worker", metavar="CONFIG", help=argparse.SUPPRESS)
+    p.add_argument("--e2e-server", metavar="CONFIG", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
-    if args.e2e_worker:
-        print("BENCH_RESULT " + json.dumps(e2e_worker(E2EConfig(**json.loads(args.e2e_worker)))), flush=True)
-        return 0
+    if args.e2e_server:
+        return e2e_server(E2EConfig(**json.loads(args.e2e_server)))
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -580,13 +641,14 @@ def main(argv: list[str] | None = None) -> int:
               "events dropped and counted", flush=True)
         report["queue_memory"] = mem
     if not args.micro_only:
-        cfg = E2EConfig(num_requests=16, max_tokens=8, reps=1) if args.quick else E2EConfig(reps=args.reps)
-        pairs = run_e2e(cfg, 1 if args.quick else args.pairs, log)
-        print(f"\nend to end: LLM on the tiny model, {cfg.num_requests} requests × {cfg.prompt_tokens} prompt"
-              f" × {cfg.max_tokens} output tokens (ignore_eos, greedy), budget {cfg.max_num_batched_tokens};"
-              f" median of {cfg.reps} generate() per process")
-        print(e2e_table(pairs), flush=True)
-        report["e2e"] = [{"off": asdict(off), "on": asdict(on)} for off, on in pairs]
+        cfg = E2EConfig(num_requests=16, max_tokens=8) if args.quick else E2EConfig()
+        result = run_e2e(cfg, 1 if args.quick else args.pairs, log, probe_on=not args.aa)
+        print(f"\nend to end: LLM on the tiny model, {cfg.num_requests} requests x {cfg.prompt_tokens} prompt"
+              f" x {cfg.max_tokens} output tokens (ignore_eos, greedy), budget {cfg.max_num_batched_tokens};"
+              "\n  two engines (own processes, probe off / probe on via the plugin's environment),"
+              " their generate() calls alternating off on, on off, ...")
+        print(e2e_table(result), flush=True)
+        report["e2e"] = asdict(result) | {"ratios": result.ratios}
     print(f"\nload avg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
