@@ -136,7 +136,9 @@ def test_stopped_server_closes_every_file_with_probe_stats(run, request):
 
 def test_sigkill_of_the_engine_core_leaves_whole_lines(tmp_path):
     out = tmp_path / "run"
+    # eight times the quick workload's prompts: a fast machine must not finish it before the kill
     args = [a for a in QUICK_WORKLOAD if a != "--print-token-ids"]
+    args[args.index("--num-prompts") + 1] = "64"
     proc = subprocess.Popen(vllm_probe_cmd("run", "--out", str(out), "--", sys.executable, str(EXAMPLE), *args),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -156,6 +158,7 @@ def test_sigkill_of_the_engine_core_leaves_whole_lines(tmp_path):
         while path.stat().st_size == size and time.time() < deadline:  # a flush happens now
             time.sleep(0.002)
         time.sleep(0.737)  # longer than the slack below: a writer slower than promised shows
+        assert proc.poll() is None, "the run ended before it could be killed"
         os.kill(pid, signal.SIGKILL)
         t_kill = time.time()
         while _alive(pid) and time.time() < deadline:
