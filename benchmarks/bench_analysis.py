@@ -183,12 +183,13 @@ elif what == "summary":
 elif what == "perfetto":
     vllm_probe.perfetto.export_perfetto(run_dir, out, stats=stats)
 elif what in ("read", "read+state"):  # summary's parts, for the breakdown
-    import gc
-    from vllm_probe.reader import iter_run
+    import gc, itertools
+    from vllm_probe.reader import iter_file
+    from vllm_probe.rundir import event_files
     from vllm_probe.state import RunState
     gc.disable()
-    apply = RunState().apply if what == "read+state" else (lambda ev: None)
-    for ev in iter_run(run_dir, stats):
+    apply = RunState(step_window=0).apply if what == "read+state" else (lambda ev: None)
+    for ev in itertools.chain.from_iterable(iter_file(p, stats, typed=True) for p in event_files(run_dir)):
         apply(ev)
 dt, cpu = time.perf_counter() - t, time.process_time() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

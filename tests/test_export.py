@@ -193,7 +193,7 @@ TRICKY = [
 ]
 
 
-def test_fast_path_classifies_lines_exactly_like_parse_line(tmp_path, monkeypatch):
+def test_fast_path_classifies_lines_exactly_like_parse_line(tmp_path):
     path = tmp_path / "events-1.jsonl"
     path.write_bytes(b"".join(TRICKY))
 
@@ -212,12 +212,7 @@ def test_fast_path_classifies_lines_exactly_like_parse_line(tmp_path, monkeypatc
     def norm(evs):  # NaN != NaN: compare the JSON text
         return [json.dumps(e, sort_keys=True) for e in evs]
 
-    monkeypatch.setattr(reader, "_fast_decode", None)
     ref_stats, ref = reference()
-    slow = ReadStats()
-    assert norm(iter_file(path, slow)) == norm(ref)
-    monkeypatch.undo()
-    assert reader._fast_decode is not None or pytest.skip("msgspec not installed: no fast path")
     for it in (lambda s: list(iter_file(path, s)), lambda s: [h for h, _ in iter_run_lines(tmp_path, s)]):
         stats = ReadStats()
         got = it(stats)
@@ -229,3 +224,22 @@ def test_fast_path_classifies_lines_exactly_like_parse_line(tmp_path, monkeypatc
     # 3 malformed (a list as kind, a JSON array, bytes that are not UTF-8), 1 unknown kind, 1 newer
     assert (ref_stats.events, ref_stats.malformed, ref_stats.unknown_kind, ref_stats.newer_schema) == (10, 3, 1, 1)
     assert norm(iter_run(tmp_path, ReadStats())) == norm(ref)  # single file: same as iter_file
+
+
+def test_typed_reading_also_rejects_fields_of_the_wrong_type(tmp_path):
+    path = tmp_path / "events-1.jsonl"
+    path.write_bytes(b"".join(TRICKY) + b"\n" + b"".join([
+        b'{"event": "chunk", "ts": 9.0, "engine": 1, "schema": 7, "req_id": "r", "start": 0, "end": 8}\n',
+        b'{"event": "chunk", "ts": 9.5, "req_id": "r", "start": "0"}\n',  # a string where an int belongs
+        b'{"event": "step", "ts": 9.6, "scheduled_tokens": true}\n',  # a bool for a count
+    ]))
+    stats = ReadStats()
+    got = list(iter_file(path, stats, typed=True))
+    # events: the dict path's 10 lose the 6 chunk lines (no req_id, or a schema that is not an
+    # int) and the one whose repeated "event" key makes it such a chunk; the new chunk is
+    # the newer schema. The partial line now sits in the middle: a complete, valid line.
+    assert [(type(e).__name__, e.ts) for e in got] == [
+        ("StepEvent", 1.0), ("StepEvent", 2.0), ("StepEvent", 4.0), ("StepEvent", 6.0), ("StepEvent", 8.0),
+        ("ChunkEvent", 9.0)]
+    assert (stats.events, stats.malformed, stats.partial, stats.unknown_kind, stats.newer_schema) == (6, 11, 0, 1, 1)
+    assert got[2].kv_usage == float("inf") and got[1].engine == 0 and got[5].end == 8

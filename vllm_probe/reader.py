@@ -14,26 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import msgspec
+
+from . import typed as _typed
 from .events import KINDS, SCHEMA_VERSION
 from .rundir import event_files
 
-try:  # msgspec ships with vLLM; ~4x faster than json for our lines. Optional.
-    from msgspec.json import Decoder as _MsgspecDecoder
-
-    _fast_decode = _MsgspecDecoder().decode
-except ImportError:  # pragma: no cover - depends on the environment
-    _fast_decode = None
+_fast_decode = msgspec.json.Decoder().decode  # ~4x faster than json for our lines
 
 
 def _loads(line: str | bytes):
     """``json.loads`` with a fast path; identical results (msgspec rejects what json
     accepts beyond strict JSON, e.g. ``NaN``: those lines fall back to ``json``)."""
-    if _fast_decode is not None:
-        try:
-            return _fast_decode(line)
-        except ValueError:
-            pass
-    return json.loads(line)
+    try:
+        return _fast_decode(line)
+    except ValueError:
+        return json.loads(line)
 
 
 @dataclass
@@ -41,7 +37,7 @@ class ReadStats:
     """Counts of what was read and skipped (lines)."""
 
     events: int = 0
-    malformed: int = 0  # not JSON, not an object, or no numeric "ts" / string "event"
+    malformed: int = 0  # not JSON, not an object, no numeric "ts" / string "event"; typed: a field of the wrong type
     partial: int = 0  # last line without newline: the writer was mid-line
     unknown_kind: int = 0
     newer_schema: int = 0  # read anyway; fields we know keep their meaning per policy
@@ -64,8 +60,12 @@ class ReadStats:
         return text
 
 
-def parse_line(line: str | bytes, stats: ReadStats) -> dict | None:
-    """Decode one complete line into an event dict, or None (counted in ``stats``)."""
+def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False):
+    """Decode one complete line into an event dict, or None (counted in ``stats``).
+
+    With ``typed``, the event's Struct (:mod:`vllm_probe.typed`) instead of a dict; a
+    line whose fields have the wrong JSON types is then counted malformed.
+    """
     try:
         ev = _loads(line)
     except ValueError:
@@ -77,40 +77,69 @@ def parse_line(line: str | bytes, stats: ReadStats) -> dict | None:
     if ev["event"] not in KINDS:
         stats.unknown_kind += 1
         return None
-    schema = ev.get("schema", SCHEMA_VERSION)
+    ev.setdefault("engine", 0)
+    if typed:
+        ev = _typed.from_dict(ev)
+        if ev is None:
+            stats.malformed += 1
+            return None
+        schema = ev.schema
+    else:
+        schema = ev.get("schema", SCHEMA_VERSION)
     if isinstance(schema, int) and schema > SCHEMA_VERSION:
         stats.newer_schema += 1
-    ev.setdefault("engine", 0)
     stats.events += 1
     return ev
 
 
-def iter_file(path: Path, stats: ReadStats) -> Iterator[dict]:
-    """Stream the events of one file in file order."""
+def iter_file(path: Path, stats: ReadStats, typed: bool = False) -> Iterator:
+    """Stream the events of one file in file order: dicts, or with ``typed`` the Structs
+    of :mod:`vllm_probe.typed` (what ``RunState`` and ``summary`` read fastest)."""
     stats.files.add(str(path))
     try:
         f = open(path, "rb")
     except OSError:
         return
-    decode, kinds, latest = _fast_decode, KINDS, SCHEMA_VERSION
+    kinds, latest = KINDS, SCHEMA_VERSION
     with f:
+        if typed:
+            decode = _typed.decode
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    if raw.strip():
+                        stats.partial += 1
+                    break
+                try:
+                    ev = decode(raw)
+                except ValueError:  # not strict JSON, unknown kind, wrong types: classify it
+                    if raw.strip():
+                        ev = parse_line(raw, stats, typed=True)
+                        if ev is not None:
+                            yield ev
+                    continue
+                schema = ev.schema
+                if schema is not None and schema > latest:
+                    stats.newer_schema += 1
+                stats.events += 1
+                yield ev
+            return
+        decode = _fast_decode
         for raw in f:
             if not raw.endswith(b"\n"):
                 if raw.strip():
                     stats.partial += 1
                 break
-            if decode is not None:  # fast path: a well-formed line of a known kind
-                try:
-                    ev = decode(raw)
-                except ValueError:
-                    ev = None
-                if type(ev) is dict:
-                    kind, schema = ev.get("event"), ev.get("schema")
-                    if (type(kind) is str and kind in kinds and type(ev.get("ts")) is float and "engine" in ev
-                            and (type(schema) is int and schema <= latest or schema is None)):
-                        stats.events += 1
-                        yield ev
-                        continue
+            try:  # fast path: a well-formed line of a known kind
+                ev = decode(raw)
+            except ValueError:
+                ev = None
+            if type(ev) is dict:
+                kind, schema = ev.get("event"), ev.get("schema")
+                if (type(kind) is str and kind in kinds and type(ev.get("ts")) is float and "engine" in ev
+                        and (type(schema) is int and schema <= latest or schema is None)):
+                    stats.events += 1
+                    yield ev
+                    continue
             if not raw.strip():
                 continue
             ev = parse_line(raw, stats)
@@ -149,27 +178,23 @@ class EventHead:
         return cls(ev["event"], ev["ts"], ev.get("engine", 0), ev.get("schema"), ev.get("step"), ev.get("req_id"))
 
 
-if _fast_decode is not None:
-    import msgspec as _msgspec
+class _Head(msgspec.Struct):
+    event: object = None
+    ts: object = None
+    engine: object = 0
+    schema: object = None
+    step: object = None
+    req_id: object = None
 
-    class _Head(_msgspec.Struct):
-        event: object = None
-        ts: object = None
-        engine: object = 0
-        schema: object = None
-        step: object = None
-        req_id: object = None
 
-    _decode_head = _msgspec.json.Decoder(_Head).decode
-else:  # pragma: no cover - depends on the environment
-    _decode_head = None
+_decode_head = msgspec.json.Decoder(_Head).decode
 
 
 def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[EventHead, bytes]]:
     """Like :func:`iter_file`, yielding ``(head, raw line)`` for verbatim export.
 
     Lines are classified (and counted in ``stats``) exactly as :func:`iter_file` does;
-    only the fields of :class:`EventHead` are decoded when msgspec is installed.
+    only the fields of :class:`EventHead` are decoded.
     """
     stats.files.add(str(path))
     try:
@@ -183,18 +208,17 @@ def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[EventHead, b
                 if raw.strip():
                     stats.partial += 1
                 break
-            if decode is not None:  # fast path: a well-formed line of a known kind
-                try:
-                    head = decode(raw)
-                except ValueError:
-                    head = None
-                if head is not None:
-                    kind, ts, schema = head.event, head.ts, head.schema
-                    if (type(kind) is str and kind in kinds and type(ts) is float
-                            and (schema is None or type(schema) is int and schema <= latest)):
-                        stats.events += 1
-                        yield head, raw
-                        continue
+            try:  # fast path: a well-formed line of a known kind
+                head = decode(raw)
+            except ValueError:
+                head = None
+            if head is not None:
+                kind, ts, schema = head.event, head.ts, head.schema
+                if (type(kind) is str and kind in kinds and type(ts) is float
+                        and (schema is None or type(schema) is int and schema <= latest)):
+                    stats.events += 1
+                    yield head, raw
+                    continue
             if not raw.strip():
                 continue
             ev = parse_line(raw, stats)

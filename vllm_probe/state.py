@@ -24,6 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .typed import STRUCTS, from_dict, to_dict
+
 #: Default number of recent steps kept per engine.
 STEP_WINDOW = 600
 #: Default number of finished requests kept per engine.
@@ -174,10 +176,11 @@ def bound_by(ev: dict, max_num_seqs: int | None) -> str:
     reason not to admit them is that their KV blocks cannot be allocated).
     ``none``: nothing waits; the workload, not a limit, set the batch.
     """
-    if ev.get("scheduled_tokens", 0) >= ev.get("token_budget", 1 << 62):
+    budget = ev.get("token_budget")
+    if budget is not None and (ev.get("scheduled_tokens") or 0) >= budget:
         return "token_budget"
-    waiting = ev.get("waiting", 0)
-    if waiting and max_num_seqs is not None and ev.get("running", 0) >= max_num_seqs:
+    waiting = ev.get("waiting") or 0
+    if waiting and max_num_seqs is not None and (ev.get("running") or 0) >= max_num_seqs:
         return "max_num_seqs"
     if ev.get("preempted") or waiting:
         return "kv_cache"
@@ -230,12 +233,18 @@ class EngineState:
     first_ts: float | None = None
     last_ts: float | None = None
     last_step: int = -1
-    latest: dict[str, Any] | None = None
+    _latest: Any = None  # the latest step event: its Struct, or its dict once asked for (.latest)
     steps: int = 0
     scheduled_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
     schedule_us_total: float = 0.0
+    schedule_us_max: float = 0.0
+    #: exact histogram of the steps' ``(scheduled_tokens, token_budget)`` (absent: 0) -> steps;
+    #: its size is bounded by the distinct pairs, not by the number of steps
+    step_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
+    stepping_since: float | None = None  # earliest step start (ts - schedule_us), epoch s
+    last_step_ts: float | None = None  # latest ts of a step event, epoch s
     preemptions: int = 0
     discarded_tokens: int = 0
     recomputed_tokens: int = 0
@@ -255,6 +264,14 @@ class EngineState:
         self.window = deque(maxlen=self.step_window)
         self.recent_preempts = deque(maxlen=PREEMPT_KEEP)
         self.finished = deque(maxlen=self.finished_keep)
+
+    @property
+    def latest(self) -> dict[str, Any] | None:
+        """The latest ``step`` event as a dict (None before the first step)."""
+        ev = self._latest
+        if ev is not None and type(ev) is not dict:  # converted when first asked for
+            ev = self._latest = to_dict(ev)
+        return ev
 
     @property
     def max_num_seqs(self) -> int | None:
@@ -347,14 +364,14 @@ class RunState:
         self.events = 0
         self.first_ts: float | None = None
         self.last_ts: float | None = None
-        self._handlers = {
-            "engine_config": self._engine_config,
-            "step": self._step,
-            "chunk": self._chunk,
-            "preempt": self._preempt,
-            "request_added": self._added,
-            "request_finished": self._finished,
-            "probe_stats": self._probe_stats,
+        self._handlers = {  # by Struct class (vllm_probe.typed)
+            STRUCTS["engine_config"]: self._engine_config,
+            STRUCTS["step"]: self._step,
+            STRUCTS["chunk"]: self._chunk,
+            STRUCTS["preempt"]: self._preempt,
+            STRUCTS["request_added"]: self._added,
+            STRUCTS["request_finished"]: self._finished,
+            STRUCTS["probe_stats"]: self._probe_stats,
         }
 
     def engine(self, idx: int) -> EngineState:
@@ -363,15 +380,19 @@ class RunState:
             eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep)
         return eng
 
-    def apply(self, ev: dict) -> None:
-        """Update the state with one event (unknown kinds are ignored)."""
-        handler = self._handlers.get(ev.get("event"))
+    def apply(self, ev) -> None:
+        """Update the state with one event: a Struct of :mod:`vllm_probe.typed` (as
+        ``reader.iter_file(typed=True)`` yields them) or an event dict (converted first;
+        ignored when its kind is unknown or a field has the wrong type)."""
+        if type(ev) is dict:
+            ev = from_dict(ev)
+            if ev is None:
+                return
+        handler = self._handlers.get(type(ev))
         if handler is None:
             return
-        ts = ev["ts"]
-        idx = ev.get("engine", 0) or 0
+        ts, idx, pid = ev.ts, ev.engine, ev.pid
         eng = self.engines.get(idx) or self.engine(idx)
-        pid = ev.get("pid")
         if pid is not None and pid not in eng.pids:
             eng.pids.add(pid)
         # hot path (one call per event): compare against the known range only
@@ -413,20 +434,23 @@ class RunState:
 
     # -- handlers -----------------------------------------------------------------------
 
-    def _engine_config(self, eng: EngineState, ev: dict) -> None:
-        eng.config = ev
-        eng._max_num_seqs = ev.get("max_num_seqs")
+    def _engine_config(self, eng: EngineState, ev) -> None:
+        eng.config = to_dict(ev)
+        eng._max_num_seqs = ev.max_num_seqs
 
-    def _step(self, eng: EngineState, ev: dict) -> None:
-        get = ev.get
-        step = get("step", eng.last_step + 1)
+    def _step(self, eng: EngineState, ev) -> None:
+        step = ev.step
+        if step is None:
+            step = eng.last_step + 1
         if step > eng.last_step:
             eng.last_step = step
-        eng.latest = ev
+        eng._latest = ev
         eng.steps += 1
-        scheduled = get("scheduled_tokens", 0)
-        prefill, decode = get("prefill_tokens"), get("decode_tokens")
-        schedule_us = get("schedule_us", 0.0)
+        ts = ev.ts
+        scheduled = ev.scheduled_tokens or 0
+        budget = ev.token_budget
+        prefill, decode = ev.prefill_tokens, ev.decode_tokens
+        schedule_us = ev.schedule_us or 0.0
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill
@@ -434,107 +458,121 @@ class RunState:
             eng.decode_tokens += decode
         eng.schedule_us_total += schedule_us
         # bound_by(), inlined: this runs once per step event
-        waiting = get("waiting", 0)
-        if scheduled >= get("token_budget", 1 << 62):
+        waiting = ev.waiting or 0
+        running = ev.running or 0
+        preempted = ev.preempted
+        if budget is not None and scheduled >= budget:
             bound = "token_budget"
-        elif waiting and eng._max_num_seqs is not None and get("running", 0) >= eng._max_num_seqs:
+        elif waiting and eng._max_num_seqs is not None and running >= eng._max_num_seqs:
             bound = "max_num_seqs"
-        elif waiting or get("preempted"):
+        elif waiting or preempted:
             bound = "kv_cache"
         else:
             bound = "none"
         eng.bound_counts[bound] += 1
         if self.step_window:
-            preempted = get("preempted")
             eng.window.append(StepRecord(
-                step, ev["ts"], scheduled, get("token_budget", 0), prefill, decode,
-                get("running", 0), waiting, get("kv_usage", 0.0), schedule_us,
-                len(preempted) if preempted else 0, bound,
+                step, ts, scheduled, budget or 0, prefill, decode, running, waiting, ev.kv_usage or 0.0,
+                schedule_us, len(preempted) if preempted else 0, bound,
             ))
-        finished = get("finished")
-        if finished:
+        key = (scheduled, budget or 0)
+        hist = eng.step_tokens
+        hist[key] = hist.get(key, 0) + 1
+        if schedule_us > eng.schedule_us_max:
+            eng.schedule_us_max = schedule_us
+        start = ts - schedule_us * 1e-6
+        if eng.stepping_since is None or start < eng.stepping_since:
+            eng.stepping_since = start
+        if eng.last_step_ts is None or ts > eng.last_step_ts:
+            eng.last_step_ts = ts
+        if ev.finished:
             # Normally request_finished came first and the request is gone already; with
             # log_request_events off this is the only sign, and keeps memory bounded.
-            for rid in finished:
+            for rid in ev.finished:
                 if rid in eng.requests:
-                    self._finished(eng, {"ts": ev["ts"], "req_id": rid})
+                    self._finish(eng, rid, ts, None, None, None)
         if eng._awaiting_token:
             done = [r for r in eng._awaiting_token.values() if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
-                req.first_token_ts = ev["ts"]
+                req.first_token_ts = ts
                 del eng._awaiting_token[req.req_id]
 
-    def _chunk(self, eng: EngineState, ev: dict) -> None:
-        req = eng.request(ev["req_id"])
+    def _chunk(self, eng: EngineState, ev) -> None:
+        req = eng.request(ev.req_id)
         eng.chunks += 1
         req.chunks += 1
-        start, end = ev.get("start", 0), ev.get("end", 0)
-        if ev.get("prompt_len") is not None:
-            req.prompt_len = ev["prompt_len"]
-        if ev.get("chunk_index", 0) == 0:
+        start, end = ev.start or 0, ev.end or 0
+        index = ev.chunk_index or 0
+        if ev.prompt_len is not None:
+            req.prompt_len = ev.prompt_len
+        if index == 0:
             req.passes += 1
             if req.first_scheduled_ts is None:
-                req.first_scheduled_ts = ev["ts"]
-                req.first_scheduled_step = ev.get("step")
-                req.prefix_hit_tokens = ev.get("prefix_hit_tokens", start) or 0
-        resumed = bool(ev.get("resumed"))
-        if resumed:
+                req.first_scheduled_ts = ev.ts
+                req.first_scheduled_step = ev.step
+                req.prefix_hit_tokens = start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
+        if ev.resumed:
             req.recomputed_tokens += end - start
             eng.recomputed_tokens += end - start
         else:
             req.first_pass_chunks += 1
-        req.chunk_index = ev.get("chunk_index", 0)
+        req.chunk_index = index
         req.last_chunk = (start, end)
         req.computed = end
-        req.prefill_len = ev.get("prefill_len", req.prompt_len)
-        if ev.get("last"):
+        req.prefill_len = req.prompt_len if ev.prefill_len is None else ev.prefill_len
+        if ev.last:
             req.phase = DECODE
-            req.pass_end_step = ev.get("step")
+            req.pass_end_step = ev.step
             if req.first_token_step is None:
-                req.first_token_step = ev.get("step")
+                req.first_token_step = ev.step
                 eng._awaiting_token[req.req_id] = req
         else:
             req.phase = PREFILL
 
-    def _preempt(self, eng: EngineState, ev: dict) -> None:
-        req = eng.request(ev["req_id"])
+    def _preempt(self, eng: EngineState, ev) -> None:
+        req = eng.request(ev.req_id)
         eng.preemptions += 1
-        discarded = ev.get("discarded_tokens", 0)
+        discarded = ev.discarded_tokens or 0
         eng.discarded_tokens += discarded
-        req.preemptions = ev.get("num_preemptions") or req.preemptions + 1
+        req.preemptions = ev.num_preemptions or req.preemptions + 1
         req.discarded_tokens += discarded
-        req.output_tokens = ev.get("output_tokens", req.output_tokens)
+        if ev.output_tokens is not None:
+            req.output_tokens = ev.output_tokens
         req.phase = PREEMPTED
         req.computed = 0
-        req.last_preempt_ts = ev["ts"]
-        req.last_preempt_step = ev.get("step")
-        eng.recent_preempts.append(ev)
+        req.last_preempt_ts = ev.ts
+        req.last_preempt_step = ev.step
+        eng.recent_preempts.append(to_dict(ev))
 
-    def _added(self, eng: EngineState, ev: dict) -> None:
+    def _added(self, eng: EngineState, ev) -> None:
         eng.requests_added += 1
-        req = eng.requests.get(ev["req_id"])
+        req = eng.requests.get(ev.req_id)
         if req is None:
-            req = eng.requests[ev["req_id"]] = RequestState(ev["req_id"], eng.engine)
+            req = eng.requests[ev.req_id] = RequestState(ev.req_id, eng.engine)
         req.arrival_step = eng.last_step + 1
-        req.prompt_len = ev.get("prompt_len")
-        req.max_tokens = ev.get("max_tokens")
-        arrival = ev.get("arrival_ts")
-        req.arrival_ts = arrival if isinstance(arrival, (int, float)) else ev["ts"]
+        req.prompt_len = ev.prompt_len
+        req.max_tokens = ev.max_tokens
+        req.arrival_ts = ev.ts if ev.arrival_ts is None else ev.arrival_ts
 
-    def _finished(self, eng: EngineState, ev: dict) -> None:
-        req = eng.requests.pop(ev["req_id"], None) or RequestState(ev["req_id"], eng.engine)
+    def _finished(self, eng: EngineState, ev) -> None:
+        self._finish(eng, ev.req_id, ev.ts, ev.reason, ev.output_tokens, ev.num_preemptions)
+
+    def _finish(self, eng: EngineState, req_id: str, ts: float, reason: str | None, output_tokens: int | None,
+                num_preemptions: int | None) -> None:
+        req = eng.requests.pop(req_id, None) or RequestState(req_id, eng.engine)
         eng.requests_finished += 1
         req.phase = FINISHED
-        req.finished_ts = ev["ts"]
-        req.finish_reason = ev.get("reason")
-        req.output_tokens = ev.get("output_tokens", req.output_tokens)
-        if ev.get("num_preemptions") is not None:
-            req.preemptions = ev["num_preemptions"]
+        req.finished_ts = ts
+        req.finish_reason = reason
+        if output_tokens is not None:
+            req.output_tokens = output_tokens
+        if num_preemptions is not None:
+            req.preemptions = num_preemptions
         if eng._awaiting_token.pop(req.req_id, None) is not None:
-            req.first_token_ts = ev["ts"]
+            req.first_token_ts = ts
         eng.finished.append(req)
         if self.on_request_finished is not None:
             self.on_request_finished(req)
 
-    def _probe_stats(self, eng: EngineState, ev: dict) -> None:
-        eng.probe_stats.append(ev)
+    def _probe_stats(self, eng: EngineState, ev) -> None:
+        eng.probe_stats.append(to_dict(ev))

@@ -59,6 +59,7 @@ from typing import Any, Iterable
 from .reader import ReadStats, iter_file
 from .rundir import event_files, read_meta
 from .state import LIMITS, RequestState, RunState
+from .typed import ChunkEvent, PreemptEvent, from_dict
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -224,10 +225,6 @@ class _Collector:
     """Accumulators that RunState does not keep (it keeps rolling windows only)."""
 
     def __init__(self) -> None:
-        self.step_hist: dict[tuple[int, int], int] = {}  # (scheduled_tokens, token_budget) -> steps
-        self.first_step_ts: float | None = None
-        self.last_step_ts: float | None = None
-        self.sched_us_max = 0.0
         self.reread = 0
         self.chunk_tokens = 0
         self.prefix_hit = 0
@@ -255,68 +252,57 @@ class _Collector:
             if self.worst is None or key[:3] > self.worst[:3]:
                 self.worst = key
 
-    def chunk(self, ev: dict) -> None:
-        start = ev.get("start", 0)
-        index = ev.get("chunk_index", 0)
-        self.chunk_tokens += ev.get("end", start) - start
+    def chunk(self, ev) -> None:
+        start = ev.start or 0
+        index = ev.chunk_index or 0
+        self.chunk_tokens += (start if ev.end is None else ev.end) - start
         if index:
             self.reread += start
-        elif not ev.get("resumed"):
-            self.prefix_hit += ev.get("prefix_hit_tokens", start) or 0
-        if ev.get("last"):
-            key = (ev.get("engine", 0), ev["req_id"])
+        elif not ev.resumed:
+            self.prefix_hit += start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
+        if ev.last:
+            key = (ev.engine, ev.req_id)
             if key not in self.first_done:
                 self.first_done.add(key)
                 self.prompt_chunks[index + 1] = self.prompt_chunks.get(index + 1, 0) + 1
 
-    def preempt(self, ev: dict) -> None:
-        self.preempted.add((ev.get("engine", 0), ev["req_id"]))
+    def preempt(self, ev) -> None:
+        self.preempted.add((ev.engine, ev.req_id))
 
 
-def summarize_events(events: Iterable[dict], stats: ReadStats | None = None, run_dir: str = "",
+def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
                      meta: dict | None = None) -> Summary:
-    """Summarize an iterable of event dicts: each engine core's events in file order
-    (engine cores may follow one another or interleave, as ``iter_run`` yields them).
+    """Summarize an iterable of events: each engine core's events in file order (engine
+    cores may follow one another or interleave, as ``iter_run`` yields them). Events are
+    Structs of :mod:`vllm_probe.typed` (``iter_file(typed=True)``) or dicts (converted;
+    skipped when a field has the wrong type).
 
-    Python's cyclic garbage collector is paused meanwhile: the loop allocates a dict per
-    event and creates no reference cycles, and the collector's passes over the growing
-    request records cost about a tenth of the time.
+    Python's cyclic garbage collector is paused meanwhile: the loop allocates an object
+    per event and creates no reference cycles, and the collector's passes over the
+    growing request records cost about a tenth of the time.
     """
     col = _Collector()
     state = RunState(step_window=0, on_request_finished=col.on_finished)  # no rolling chart here
     apply = state.apply
     on_chunk, on_preempt = col.chunk, col.preempt
-    hist = col.step_hist
-    hist_get = hist.get
-    first_ts = last_ts = None
-    sched_max = 0.0
+    chunk_type, preempt_type = ChunkEvent, PreemptEvent
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for ev in events:
+            if type(ev) is dict:
+                ev = from_dict(ev)
+                if ev is None:
+                    continue
             apply(ev)
-            kind = ev["event"]
-            if kind == "step":  # inlined: most events are steps
-                key = (ev.get("scheduled_tokens", 0), ev.get("token_budget", 0))
-                hist[key] = hist_get(key, 0) + 1
-                ts = ev["ts"]
-                us = ev.get("schedule_us") or 0.0
-                if us > sched_max:
-                    sched_max = us
-                if first_ts is None:
-                    first_ts, last_ts = ts - us * 1e-6, ts
-                elif ts - us * 1e-6 < first_ts:  # engine cores' files may come one after another
-                    first_ts = ts - us * 1e-6
-                if ts > last_ts:
-                    last_ts = ts
-            elif kind == "chunk":
+            kind = type(ev)
+            if kind is chunk_type:
                 on_chunk(ev)
-            elif kind == "preempt":
+            elif kind is preempt_type:
                 on_preempt(ev)
     finally:
         if gc_was_enabled:
             gc.enable()
-    col.first_step_ts, col.last_step_ts, col.sched_us_max = first_ts, last_ts, sched_max
     return _build(state, col, stats or ReadStats(), run_dir, meta or {})
 
 
@@ -332,7 +318,7 @@ def summarize(run_dir: str | Path, stats: ReadStats | None = None) -> Summary:
         raise NoEventsError(f"no event files (events-*.jsonl) in {run_dir}")
     # RunState keeps each engine core apart, so the files need no time-ordered merge
     # (heapq.merge costs about a tenth of summary's time on a two-engine run).
-    events = itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir))
+    events = itertools.chain.from_iterable(iter_file(p, stats, typed=True) for p in event_files(run_dir))
     summary = summarize_events(events, stats, str(run_dir), read_meta(run_dir))
     if stats.events == 0:
         raise NoEventsError(f"no readable events in {run_dir} ({stats.describe()})")
@@ -353,8 +339,10 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
             {k: c.get(k) for k in CONFIG_KEYS if k != "scheduler_class"}
             != {k: configs[0].get(k) for k in CONFIG_KEYS if k != "scheduler_class"} for c in configs[1:])
     s.steps = int(state.total("steps"))
-    if col.first_step_ts is not None and col.last_step_ts is not None:
-        s.duration_s = max(col.last_step_ts - col.first_step_ts, 0.0)
+    starts = [e.stepping_since for e in engines.values() if e.stepping_since is not None]
+    ends = [e.last_step_ts for e in engines.values() if e.last_step_ts is not None]
+    if starts and ends:
+        s.duration_s = max(max(ends) - min(starts), 0.0)
     s.requests_added = int(state.total("requests_added"))
     s.requests_finished = col.finished
     s.requests_unfinished = sum(len(e.requests) for e in engines.values())
@@ -366,10 +354,11 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
     # steps: tokens and budget use
     tokens: dict[float, int] = {}
     use: dict[float, int] = {}
-    for (sched, budget), n in col.step_hist.items():
-        tokens[sched] = tokens.get(sched, 0) + n
-        if budget:
-            use[sched / budget] = use.get(sched / budget, 0) + n
+    for eng in engines.values():
+        for (sched, budget), n in eng.step_tokens.items():
+            tokens[sched] = tokens.get(sched, 0) + n
+            if budget:
+                use[sched / budget] = use.get(sched / budget, 0) + n
     s.tokens_per_step = Distribution.of_counts(tokens)
     s.budget_use = Distribution.of_counts(use)
     s.scheduled_tokens = int(state.total("scheduled_tokens"))
@@ -379,7 +368,7 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
         s.prefill_share = s.prefill_tokens / (s.prefill_tokens + s.decode_tokens)
     if s.steps:
         s.schedule_us = Distribution(n=s.steps, mean=state.total("schedule_us_total") / s.steps,
-                                     max=col.sched_us_max)
+                                     max=max(e.schedule_us_max for e in engines.values()))
 
     # preemptions
     p = s.preemptions

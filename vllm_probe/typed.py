@@ -1,0 +1,66 @@
+"""Typed events: one msgspec Struct per event kind, generated from :mod:`vllm_probe.events`.
+
+The analysis side (``RunState``, ``summary``) reads events as these Structs: decoding a
+line into a Struct takes about 60 % of the time of decoding it into a dict (no key
+objects, no hashing) and attribute reads are cheaper than ``dict.get``, which is what
+brings ``summary`` over its 300,000 events/s target (docs/performance.md). Views that
+print fields by name (plain log, Perfetto export, dashboard) keep using dicts.
+
+Every field but ``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as
+None, and ``engine`` as 0. Unknown fields are ignored (a newer schema may add some). A value of
+the wrong JSON type (a string where an int belongs, ``true`` for a count) fails
+validation, so a consumer never does arithmetic on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+from .events import COMMON_FIELDS, KINDS
+
+_TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]": list[str], "object": Any}
+
+
+def _struct(kind) -> type:
+    fields: list[tuple] = [("ts", float), ("pid", int | None, None), ("engine", int, 0), ("schema", int | None, None)]
+    # a request event without its request id cannot be attributed: it fails validation
+    fields += [(f.name, str) if f.name == "req_id" else (f.name, _TYPES[f.type] | None, None) for f in kind.fields]
+    assert [f[0] for f in fields] == [f.name for f in COMMON_FIELDS if f.name != "event"] + list(kind.field_names)
+    name = "".join(part.title() for part in kind.name.split("_")) + "Event"
+    return msgspec.defstruct(name, fields, tag_field="event", tag=kind.name, kw_only=True, gc=False,
+                             module=__name__)
+
+
+#: Struct class of each event kind, e.g. ``STRUCTS["step"]`` is ``StepEvent``.
+STRUCTS: dict[str, type] = {name: _struct(kind) for name, kind in KINDS.items()}
+StepEvent = STRUCTS["step"]
+ChunkEvent = STRUCTS["chunk"]
+PreemptEvent = STRUCTS["preempt"]
+EngineConfigEvent = STRUCTS["engine_config"]
+RequestAddedEvent = STRUCTS["request_added"]
+RequestFinishedEvent = STRUCTS["request_finished"]
+ProbeStatsEvent = STRUCTS["probe_stats"]
+
+Event = Union[tuple(STRUCTS.values())]  # noqa: UP007 - a runtime union of the generated classes
+
+#: Decode one JSON line into its kind's Struct. Raises ``msgspec.DecodeError`` (not
+#: JSON) or ``msgspec.ValidationError`` (not an object, unknown kind, wrong types).
+decode = msgspec.json.Decoder(Event).decode
+
+
+def from_dict(ev: dict) -> Any | None:
+    """The Struct of an event dict (as :func:`vllm_probe.reader.parse_line` returns them);
+    None when a field has the wrong type or the kind is unknown."""
+    try:
+        return msgspec.convert(ev, Event)
+    except msgspec.ValidationError:
+        return None
+
+
+def to_dict(ev: Any) -> dict:
+    """The event as a dict, ``event`` first, without the fields that were absent or null."""
+    out = {"event": ev.__struct_config__.tag}
+    out.update((k, v) for k, v in msgspec.structs.asdict(ev).items() if v is not None)
+    return out
