@@ -4,7 +4,9 @@ One model feeds the live dashboard, the summary, compare and the timeline export
 every view agrees on what "queue time" or "time to first token" means. Memory is
 bounded for a run of any length: steps are kept in a rolling window, finished requests
 in a bounded list; consumers that need every finished request (the summary) register
-``RunState.on_request_finished``.
+``RunState.on_request_finished``. Events come in as the typed records of
+:mod:`vllm_probe.typed` (what the reader yields for the summary) or as dicts (live
+views, hand-made streams), which are converted first.
 
 Timing definitions (event fields in docs/events.md):
 
