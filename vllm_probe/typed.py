@@ -53,8 +53,11 @@ decode = msgspec.json.Decoder(Event).decode
 def from_dict(ev: dict) -> Any | None:
     """The Struct of an event dict (as :func:`vllm_probe.reader.parse_line` returns them);
     None when a field has the wrong type or the kind is unknown."""
+    cls = STRUCTS.get(ev.get("event"))  # by kind: converting to the union is ~8x slower
+    if cls is None:
+        return None
     try:
-        return msgspec.convert(ev, Event)
+        return msgspec.convert(ev, cls)
     except msgspec.ValidationError:
         return None
 
