@@ -291,7 +291,7 @@ def write_doc(lines: list[str], ok: bool) -> None:
     ])
     text = DOC.read_text() if DOC.exists() else "# Performance\n\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(lambda _m: body, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
+    text = pattern.sub(lambda _m: body + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + body
     DOC.write_text(text)
     print(f"wrote {DOC}")
 
