@@ -24,6 +24,8 @@ _TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]
 
 
 def _struct(kind) -> type:
+    """The Struct of one :class:`~vllm_probe.events.EventKind`: common fields, then the
+    kind's, in schema order. ``gc=False``: an event holds JSON values only, never a cycle."""
     fields: list[tuple] = [("ts", float), ("pid", int | None, None), ("engine", int, 0), ("schema", int | None, None)]
     # a request event without its request id cannot be attributed: it fails validation
     fields += [(f.name, str) if f.name == "req_id" else (f.name, _TYPES[f.type] | None, None) for f in kind.fields]
