@@ -16,6 +16,7 @@ from tests._events import Stream, scenario_chunked, scenario_preempt
 from tests.conftest import ROOT
 from vllm_probe.export import ExportError, Filters, export_jsonl
 from vllm_probe.reader import ReadStats, iter_file, iter_run, iter_run_lines, parse_line
+from vllm_probe.typed import to_dict
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -170,76 +171,63 @@ def test_export_memory_does_not_grow_with_the_run(tmp_path):
     assert peaks[1] < peaks[0] * 1.5 + 64 * 1024, peaks  # 10x the events, about the same peak
 
 
-# -- the reader's fast path classifies exactly like parse_line ---------------------------------
+# -- every reader classifies lines exactly like parse_line -------------------------------------
 
 
 TRICKY = [
     b'{"event": "step", "ts": 1.0, "engine": 0, "schema": 1, "step": 0}\n',
     b'{"event": "step", "ts": 2, "schema": 1}\n',  # int ts, no engine
-    b'{"event": "chunk", "ts": true}\n',  # bool ts
-    b'{"event": "chunk", "ts": 3.0, "engine": 1, "schema": 7}\n',  # newer schema
-    b'{"event": "chunk", "ts": 3.5, "engine": 1, "schema": true}\n',
-    b'{"event": "chunk", "ts": 3.6, "engine": 1, "schema": "1"}\n',
-    b'{"event": "chunk", "ts": NaN, "engine": 0}\n',  # not strict JSON; json accepts it
-    b'{"event": "step", "ts": 4.0, "engine": 0, "kv_usage": Infinity}\n',
+    b'{"event": "chunk", "ts": true, "req_id": "r"}\n',  # bool ts
+    b'{"event": "chunk", "ts": 3.0, "engine": 1, "schema": 7, "req_id": "r", "start": 0, "end": 8}\n',  # newer
+    b'{"event": "chunk", "ts": 3.1, "engine": 1, "schema": 7}\n',  # no req_id
+    b'{"event": "step", "ts": 3.2, "engine": null}\n',  # null engine: 0
+    b'{"event": "chunk", "ts": 3.5, "engine": 1, "schema": true, "req_id": "r"}\n',
+    b'{"event": "chunk", "ts": 3.6, "engine": 1, "schema": "1", "req_id": "r"}\n',
+    b'{"event": "chunk", "ts": 3.7, "req_id": "r", "start": "0"}\n',  # a string for a position
+    b'{"event": "step", "ts": 3.8, "scheduled_tokens": true}\n',  # a bool for a count
+    b'{"event": "step", "ts": 3.9, "scheduled_tokens": 3.0}\n',  # a float for a count
+    b'{"event": "chunk", "ts": NaN, "engine": 0, "req_id": "r"}\n',  # not JSON
+    b'{"event": "step", "ts": 4.0, "engine": 0, "kv_usage": Infinity}\n',  # not JSON
+    b'{"event": "step", "ts": 1e400}\n',  # out of range
     b'{"event": ["step"], "ts": 5.0}\n',
     b'{"event": "nope", "ts": 5.0}\n',
     b'[{"event": "step", "ts": 5.0}]\n',
-    b'{"event": "step", "ts": 6.0, "engine": 0, "x": 123456789012345678901234567890}\n',
+    b'{"event": "step", "ts": 6.0, "engine": 0, "x": 123456789012345678901234567890}\n',  # unknown field
+    b'{"event": "step", "ts": 6.5, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}\n",  # deeper than msgspec goes
     b'\xff\xfe\n',
     b'   \n',
-    b'{"event": "step", "ts": 7.0, "engine": 0, "event": "chunk"}\n',
+    b'{"event": "step", "ts": 7.0, "engine": 0, "event": "chunk"}\n',  # the last key wins: a chunk, no req_id
     b'{"event": "step", "ts": 8.0, "engine": 2}',  # partial
 ]
 
 
-def test_fast_path_classifies_lines_exactly_like_parse_line(tmp_path):
+def test_every_reader_classifies_lines_exactly_like_parse_line(tmp_path):
     path = tmp_path / "events-1.jsonl"
     path.write_bytes(b"".join(TRICKY))
 
-    def reference():
-        stats, out = ReadStats(), []
-        for raw in TRICKY:
-            if not raw.endswith(b"\n"):
-                stats.partial += 1
-                continue
-            if raw.strip():
-                ev = parse_line(raw, stats)
-                if ev is not None:
-                    out.append(ev)
-        return stats, out
+    ref_stats, ref = ReadStats(), []
+    for raw in TRICKY:
+        if not raw.endswith(b"\n"):
+            ref_stats.partial += 1
+        elif raw.strip():
+            ev = parse_line(raw, ref_stats)
+            if ev is not None:
+                ref.append(ev)
+    # by hand: 5 events (int ts, newer schema, null engine, an unknown field), 1 newer, 1 unknown
+    # kind, 1 partial, and 15 malformed: wrong types, no req_id, not JSON, out of range, too deep
+    assert [(e["event"], e["ts"], e["engine"]) for e in ref] == [
+        ("step", 1.0, 0), ("step", 2.0, 0), ("chunk", 3.0, 1), ("step", 3.2, 0), ("step", 6.0, 0)]
+    assert (ref_stats.events, ref_stats.malformed, ref_stats.unknown_kind, ref_stats.newer_schema) == (5, 15, 1, 1)
 
-    def norm(evs):  # NaN != NaN: compare the JSON text
-        return [json.dumps(e, sort_keys=True) for e in evs]
-
-    ref_stats, ref = reference()
-    for it in (lambda s: list(iter_file(path, s)), lambda s: [h for h, _ in iter_run_lines(tmp_path, s)]):
+    readers = {
+        "dicts": lambda s: list(iter_file(path, s)),
+        "records": lambda s: [to_dict(e) for e in iter_file(path, s, typed=True)],
+        "lines": lambda s: [to_dict(e) for e, _ in iter_run_lines(tmp_path, s)],
+        "run": lambda s: list(iter_run(tmp_path, s)),
+    }
+    for name, read in readers.items():
         stats = ReadStats()
-        got = it(stats)
+        assert read(stats) == ref, name
         assert (stats.events, stats.malformed, stats.partial, stats.unknown_kind, stats.newer_schema) == \
-            (ref_stats.events, ref_stats.malformed, ref_stats.partial, ref_stats.unknown_kind, ref_stats.newer_schema)
-        assert [(g["event"], g["ts"]) if isinstance(g, dict) else (g.event, g.ts) for g in got] == \
-            [(e["event"], e["ts"]) for e in ref]
-    # by hand: 10 events (int/bool ts, odd schemas, NaN, big ints, a repeated key are all accepted),
-    # 3 malformed (a list as kind, a JSON array, bytes that are not UTF-8), 1 unknown kind, 1 newer
-    assert (ref_stats.events, ref_stats.malformed, ref_stats.unknown_kind, ref_stats.newer_schema) == (10, 3, 1, 1)
-    assert norm(iter_run(tmp_path, ReadStats())) == norm(ref)  # single file: same as iter_file
-
-
-def test_typed_reading_also_rejects_fields_of_the_wrong_type(tmp_path):
-    path = tmp_path / "events-1.jsonl"
-    path.write_bytes(b"".join(TRICKY) + b"\n" + b"".join([
-        b'{"event": "chunk", "ts": 9.0, "engine": 1, "schema": 7, "req_id": "r", "start": 0, "end": 8}\n',
-        b'{"event": "chunk", "ts": 9.5, "req_id": "r", "start": "0"}\n',  # a string where an int belongs
-        b'{"event": "step", "ts": 9.6, "scheduled_tokens": true}\n',  # a bool for a count
-    ]))
-    stats = ReadStats()
-    got = list(iter_file(path, stats, typed=True))
-    # events: the dict path's 10 lose the 6 chunk lines (no req_id, or a schema that is not an
-    # int) and the one whose repeated "event" key makes it such a chunk; the new chunk is
-    # the newer schema. The partial line now sits in the middle: a complete, valid line.
-    assert [(type(e).__name__, e.ts) for e in got] == [
-        ("StepEvent", 1.0), ("StepEvent", 2.0), ("StepEvent", 4.0), ("StepEvent", 6.0), ("StepEvent", 8.0),
-        ("ChunkEvent", 9.0)]
-    assert (stats.events, stats.malformed, stats.partial, stats.unknown_kind, stats.newer_schema) == (6, 11, 0, 1, 1)
-    assert got[2].kv_usage == float("inf") and got[1].engine == 0 and got[5].end == 8
+            (ref_stats.events, ref_stats.malformed, ref_stats.partial, ref_stats.unknown_kind,
+             ref_stats.newer_schema), name

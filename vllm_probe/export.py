@@ -28,10 +28,10 @@ import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from .events import KINDS
-from .reader import EventHead, ReadStats, iter_run_lines
+from .reader import ReadStats, iter_run_lines
 from .rundir import event_files
 
 #: gzip level for ``.gz`` output: 6 is ~3x faster than the default 9 for 1-2 % more bytes.
@@ -81,8 +81,9 @@ class Filters:
         return any(v is not None for v in (self.kinds, self.request, self.from_step, self.to_step))
 
 
-def filter_lines(pairs: Iterable[tuple[EventHead, bytes]], f: Filters) -> Iterator[tuple[EventHead, bytes]]:
-    """Apply ``f`` to a time-ordered stream of ``(head, raw line)`` pairs."""
+def filter_lines(pairs: Iterable[tuple[Any, bytes]], f: Filters) -> Iterator[tuple[Any, bytes]]:
+    """Apply ``f`` to a time-ordered stream of ``(record, raw line)`` pairs
+    (``reader.iter_run_lines``)."""
     if not f.active:
         yield from pairs
         return
@@ -92,23 +93,23 @@ def filter_lines(pairs: Iterable[tuple[EventHead, bytes]], f: Filters) -> Iterat
     by_step = f.from_step is not None or f.to_step is not None
     last_step: dict = {}  # engine -> index of its latest step event
     for pair in pairs:
-        head = pair[0]
-        kind = head.event
+        ev = pair[0]
+        kind = ev.kind
         if by_step and kind == "step":
-            st = head.step
-            if type(st) is int and st > last_step.get(head.engine, -1):
-                last_step[head.engine] = st
+            st = ev.step
+            if st is not None and st > last_step.get(ev.engine, -1):
+                last_step[ev.engine] = st
         if kinds is not None and kind not in kinds:
             continue
         if kind == "engine_config":
             yield pair
             continue
-        if request is not None and head.req_id != request:
+        if request is not None and getattr(ev, "req_id", None) != request:
             continue
         if by_step:
-            st = head.step
-            if type(st) is not int:
-                st = last_step.get(head.engine, -1) + 1
+            st = getattr(ev, "step", None)
+            if st is None:
+                st = last_step.get(ev.engine, -1) + 1
             if not lo <= st <= hi:
                 continue
         yield pair

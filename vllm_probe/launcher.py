@@ -123,10 +123,10 @@ def count_events(run_dir: Path) -> RunCounts:
     for path in event_files(run_dir):
         counts.files += 1
         dropped = 0
-        for ev in iter_file(path, counts.stats):
-            counts.kinds[ev["event"]] += 1
-            if ev["event"] == "probe_stats":  # cumulative: the file's last one counts
-                dropped = ev.get("events_dropped", 0)
+        for ev in iter_file(path, counts.stats, typed=True):
+            counts.kinds[ev.kind] += 1
+            if ev.kind == "probe_stats":  # cumulative: the file's last one counts
+                dropped = ev.events_dropped or 0
         counts.dropped += dropped
     return counts
 

@@ -36,6 +36,7 @@ from .reader import Follower, ReadStats, iter_run
 from .rundir import COMMAND_LOG, read_meta
 from .settings import Settings
 from .state import RunState
+from .typed import to_dict
 
 #: Dashboard redraws per second (default of ``--refresh``).
 REFRESH_HZ = 4.0
@@ -51,6 +52,10 @@ LOG_TAIL_LINES = 20
 REPLAY_MAX_GAP_S = 5.0
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _ts(ev) -> float:
+    return ev.ts
 
 
 class Watcher:
@@ -76,13 +81,14 @@ class Watcher:
         self.finished = False  # the run has ended: a partial last line is a truncated one
         self.behind = False  # the last pump stopped on its time budget with data left
 
-    def apply(self, ev: dict) -> None:
-        """Apply one event to the state and print its plain line (if any)."""
-        if self.engine is not None and (ev.get("engine", 0) or 0) != self.engine:
+    def apply(self, ev) -> None:
+        """Apply one event record (:mod:`vllm_probe.typed`) to the state and print its
+        plain line (if any)."""
+        if self.engine is not None and ev.engine != self.engine:
             return
         self.state.apply(ev)
         if self.formatter is not None:
-            line = self.formatter.format(ev)
+            line = self.formatter.format(to_dict(ev))
             if line is not None:
                 self.out.write(line + "\n")
 
@@ -96,10 +102,10 @@ class Watcher:
         total = 0
         self.behind = False
         while True:
-            batch = self.follower.poll(READ_CHUNK)
+            batch = self.follower.poll(READ_CHUNK, typed=True)
             if not batch:
                 break
-            batch.sort(key=lambda ev: ev["ts"])  # files of several engine cores interleave
+            batch.sort(key=_ts)  # files of several engine cores interleave
             for ev in batch:
                 self.apply(ev)
             total += len(batch)
@@ -329,7 +335,7 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     speed = speed if speed and speed > 0 else 1.0
     watcher = Watcher(run_dir, plain_out=out if plain else None, engine=engine, chart_steps=chart_steps)
     meta = read_meta(run_dir)
-    events: Iterator[dict] = iter_run(run_dir, watcher.stats)
+    events: Iterator = iter_run(run_dir, watcher.stats, typed=True)
     clock: dict[str, Any] = {"ev": None, "wall": time.monotonic()}
     first_ts = [None]
     interrupted = False
@@ -349,7 +355,7 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     with Screen(console, refresh_hz, enabled=not plain) as screen:
         try:
             for ev in events:
-                ts = ev["ts"]
+                ts = ev.ts
                 if clock["ev"] is None:
                     clock["ev"], clock["wall"] = ts, time.monotonic()
                     first_ts[0] = ts

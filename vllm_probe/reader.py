@@ -1,18 +1,23 @@
-"""Reading event files: tolerant line parsing, time-ordered merging, live following.
+"""Reading event files: validated line parsing, time-ordered merging, live following.
 
-Shared by every consumer (dashboard, export, summary). Bad input never raises: a line
-that is not a JSON object, an unknown event kind, a newer schema or a partial last line
-(the writer was mid-line) is skipped and counted in :class:`ReadStats`.
+Shared by every consumer (dashboard, export, summary, timeline). Each line is decoded
+into the typed record of its kind (:mod:`vllm_probe.typed`), which checks every field's
+JSON type against the schema, so no consumer ever does arithmetic on a string. Consumers
+get those records (``typed=True``: the state model and the summary) or their dicts (the
+plain log, the timeline). Bad input never raises: a line that is not a JSON object (JSON
+as msgspec reads it: strict, so ``NaN`` and out-of-range numbers are not), has a field
+of the wrong type, is of an unknown kind, or is a partial last line (the writer was
+mid-line) is skipped and counted in :class:`ReadStats`; a newer ``schema`` is read and
+counted.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import msgspec
 
@@ -20,16 +25,7 @@ from . import typed as _typed
 from .events import KINDS, SCHEMA_VERSION
 from .rundir import event_files
 
-_fast_decode = msgspec.json.Decoder().decode  # ~4x faster than json for our lines
-
-
-def _loads(line: str | bytes):
-    """``json.loads`` with a fast path; identical results (msgspec rejects what json
-    accepts beyond strict JSON, e.g. ``NaN``: those lines fall back to ``json``)."""
-    try:
-        return _fast_decode(line)
-    except ValueError:
-        return json.loads(line)
+_decode_any = msgspec.json.Decoder().decode
 
 
 @dataclass
@@ -37,7 +33,7 @@ class ReadStats:
     """Counts of what was read and skipped (lines)."""
 
     events: int = 0
-    malformed: int = 0  # not JSON, not an object, no numeric "ts" / string "event"; typed: a field of the wrong type
+    malformed: int = 0  # not a JSON object, no string "event" / numeric "ts", or a field of the wrong type
     partial: int = 0  # last line without newline: the writer was mid-line
     unknown_kind: int = 0
     newer_schema: int = 0  # read anyway; fields we know keep their meaning per policy
@@ -60,181 +56,122 @@ class ReadStats:
         return text
 
 
-def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False):
-    """Decode one complete line into an event dict, or None (counted in ``stats``).
+def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False) -> Any | None:
+    """Decode one complete line: its event dict, or with ``typed`` its record
+    (:mod:`vllm_probe.typed`); None when it is skipped (counted in ``stats``).
 
-    With ``typed``, the event's Struct (:mod:`vllm_probe.typed`) instead of a dict; a
-    line whose fields have the wrong JSON types is then counted malformed.
+    This is the slow path that says why a line does not decode as a record; ``engine``
+    absent or null reads as 0.
     """
     try:
-        ev = _loads(line)
-    except ValueError:
+        ev = _decode_any(line)
+    except (ValueError, RecursionError):  # not JSON; or nested deeper than msgspec recurses
         stats.malformed += 1
         return None
-    if not isinstance(ev, dict) or not isinstance(ev.get("event"), str) or not isinstance(ev.get("ts"), (int, float)):
+    if type(ev) is not dict or type(ev.get("event")) is not str or type(ev.get("ts")) not in (int, float):
         stats.malformed += 1
         return None
     if ev["event"] not in KINDS:
         stats.unknown_kind += 1
         return None
-    ev.setdefault("engine", 0)
-    if typed:
-        ev = _typed.from_dict(ev)
-        if ev is None:
-            stats.malformed += 1
-            return None
-        schema = ev.schema
-    else:
-        schema = ev.get("schema", SCHEMA_VERSION)
-    if isinstance(schema, int) and schema > SCHEMA_VERSION:
+    if ev.get("engine") is None:
+        ev["engine"] = 0
+    rec = _typed.from_dict(ev)
+    if rec is None:
+        stats.malformed += 1
+        return None
+    if rec.schema is not None and rec.schema > SCHEMA_VERSION:
+        stats.newer_schema += 1
+    stats.events += 1
+    return rec if typed else _typed.to_dict(rec)
+
+
+def _read(path: Path, stats: ReadStats, with_lines: bool) -> Iterator:
+    """The records of one file's event lines in file order; ``(record, raw line)`` pairs
+    ``with_lines``. One loop for every reader: it is summary's hot path."""
+    stats.files.add(str(path))
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return
+    decode, latest = _typed.decode, SCHEMA_VERSION
+    with f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                if raw.strip():
+                    stats.partial += 1
+                break
+            try:
+                ev = decode(raw)
+            except (ValueError, RecursionError):  # classify it (or take a null engine as 0)
+                if not raw.strip():
+                    continue
+                ev = parse_line(raw, stats, typed=True)
+                if ev is None:
+                    continue
+            else:
+                schema = ev.schema
+                if schema is not None and schema > latest:
+                    stats.newer_schema += 1
+                stats.events += 1
+            yield (ev, raw) if with_lines else ev
+
+
+def _record(raw: bytes, stats: ReadStats) -> Any | None:
+    """The record of one complete line, or None (counted in ``stats``)."""
+    try:
+        ev = _typed.decode(raw)
+    except (ValueError, RecursionError):
+        return parse_line(raw, stats, typed=True) if raw.strip() else None
+    if ev.schema is not None and ev.schema > SCHEMA_VERSION:
         stats.newer_schema += 1
     stats.events += 1
     return ev
 
 
 def iter_file(path: Path, stats: ReadStats, typed: bool = False) -> Iterator:
-    """Stream the events of one file in file order: dicts, or with ``typed`` the Structs
+    """Stream the events of one file in file order: dicts, or with ``typed`` the records
     of :mod:`vllm_probe.typed` (what ``RunState`` and ``summary`` read fastest)."""
-    stats.files.add(str(path))
-    try:
-        f = open(path, "rb")
-    except OSError:
-        return
-    kinds, latest = KINDS, SCHEMA_VERSION
-    with f:
-        if typed:
-            decode = _typed.decode
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    if raw.strip():
-                        stats.partial += 1
-                    break
-                try:
-                    ev = decode(raw)
-                except ValueError:  # not strict JSON, unknown kind, wrong types: classify it
-                    if raw.strip():
-                        ev = parse_line(raw, stats, typed=True)
-                        if ev is not None:
-                            yield ev
-                    continue
-                schema = ev.schema
-                if schema is not None and schema > latest:
-                    stats.newer_schema += 1
-                stats.events += 1
-                yield ev
-            return
-        decode = _fast_decode
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                if raw.strip():
-                    stats.partial += 1
-                break
-            try:  # fast path: a well-formed line of a known kind
-                ev = decode(raw)
-            except ValueError:
-                ev = None
-            if type(ev) is dict:
-                kind, schema = ev.get("event"), ev.get("schema")
-                if (type(kind) is str and kind in kinds and type(ev.get("ts")) is float and "engine" in ev
-                        and (type(schema) is int and schema <= latest or schema is None)):
-                    stats.events += 1
-                    yield ev
-                    continue
-            if not raw.strip():
-                continue
-            ev = parse_line(raw, stats)
-            if ev is not None:
-                yield ev
+    if typed:
+        return _read(path, stats, False)
+    return map(_typed.to_dict, _read(path, stats, False))
 
 
-def iter_run(run_dir: Path, stats: ReadStats) -> Iterator[dict]:
+def iter_run(run_dir: Path, stats: ReadStats, typed: bool = False) -> Iterator:
     """Stream every event of a run, merged across files in time order.
 
     Memory: one pending event per file (``heapq.merge``). Files of different engine
     cores interleave by ``ts``; within a file, order is the file's (the writer's).
     """
-    streams = [iter_file(p, stats) for p in event_files(run_dir)]
+    streams = [iter_file(p, stats, typed) for p in event_files(run_dir)]
     if len(streams) == 1:
         return streams[0]
-    return heapq.merge(*streams, key=_ts_key)
+    return heapq.merge(*streams, key=_record_ts if typed else _dict_ts)
 
 
-def _ts_key(ev: dict) -> float:
+def _dict_ts(ev: dict) -> float:
     return ev["ts"]
 
 
-class EventHead:
-    """The fields of an event that merging and export filters need (no other field is
-    decoded on the fast path). Attributes: ``event``, ``ts``, ``engine``, ``step``,
-    ``req_id`` (None when absent; ``engine`` 0)."""
-
-    __slots__ = ("event", "ts", "engine", "schema", "step", "req_id")
-
-    def __init__(self, event, ts, engine=0, schema=None, step=None, req_id=None) -> None:
-        self.event, self.ts, self.engine, self.schema, self.step, self.req_id = event, ts, engine, schema, step, req_id
-
-    @classmethod
-    def of(cls, ev: dict) -> "EventHead":
-        return cls(ev["event"], ev["ts"], ev.get("engine", 0), ev.get("schema"), ev.get("step"), ev.get("req_id"))
+def _record_ts(ev) -> float:
+    return ev.ts
 
 
-class _Head(msgspec.Struct):
-    event: object = None
-    ts: object = None
-    engine: object = 0
-    schema: object = None
-    step: object = None
-    req_id: object = None
+def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[Any, bytes]]:
+    """Like :func:`iter_file` with ``typed``, yielding ``(record, raw line)`` pairs for
+    verbatim export; lines are classified (and counted in ``stats``) the same way."""
+    return _read(path, stats, True)
 
 
-_decode_head = msgspec.json.Decoder(_Head).decode
-
-
-def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[EventHead, bytes]]:
-    """Like :func:`iter_file`, yielding ``(head, raw line)`` for verbatim export.
-
-    Lines are classified (and counted in ``stats``) exactly as :func:`iter_file` does;
-    only the fields of :class:`EventHead` are decoded.
-    """
-    stats.files.add(str(path))
-    try:
-        f = open(path, "rb")
-    except OSError:
-        return
-    decode, kinds, latest = _decode_head, KINDS, SCHEMA_VERSION
-    with f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                if raw.strip():
-                    stats.partial += 1
-                break
-            try:  # fast path: a well-formed line of a known kind
-                head = decode(raw)
-            except ValueError:
-                head = None
-            if head is not None:
-                kind, ts, schema = head.event, head.ts, head.schema
-                if (type(kind) is str and kind in kinds and type(ts) is float
-                        and (schema is None or type(schema) is int and schema <= latest)):
-                    stats.events += 1
-                    yield head, raw
-                    continue
-            if not raw.strip():
-                continue
-            ev = parse_line(raw, stats)
-            if ev is not None:
-                yield EventHead.of(ev), raw
-
-
-def iter_run_lines(run_dir: Path, stats: ReadStats) -> Iterator[tuple[EventHead, bytes]]:
-    """Like :func:`iter_run`, yielding ``(head, raw line)`` pairs merged by ``ts``."""
-    streams = [iter_file_lines(p, stats) for p in event_files(run_dir)]
+def iter_run_lines(run_dir: Path, stats: ReadStats) -> Iterator[tuple[Any, bytes]]:
+    """Like :func:`iter_run`, yielding ``(record, raw line)`` pairs merged by ``ts``."""
+    streams = [_read(p, stats, True) for p in event_files(run_dir)]
     if len(streams) == 1:
         return streams[0]
-    return heapq.merge(*streams, key=_pair_ts_key)
+    return heapq.merge(*streams, key=_pair_ts)
 
 
-def _pair_ts_key(pair: tuple[EventHead, bytes]) -> float:
+def _pair_ts(pair: tuple[Any, bytes]) -> float:
     return pair[0].ts
 
 
@@ -252,9 +189,10 @@ class Follower:
         self._rest: dict[Path, bytes] = {}
         self._chunk = chunk_bytes
 
-    def poll(self, max_bytes: int | None = None) -> list[dict]:
-        """Read what is new (at most ``max_bytes`` per file per call when given)."""
-        out: list[dict] = []
+    def poll(self, max_bytes: int | None = None, typed: bool = False) -> list:
+        """Read what is new (at most ``max_bytes`` per file per call when given): event
+        dicts, or with ``typed`` records (:mod:`vllm_probe.typed`)."""
+        out: list = []
         for path in event_files(self.run_dir):
             self.stats.files.add(str(path))
             offset = self._offsets.get(path, 0)
@@ -278,11 +216,10 @@ class Follower:
             if tail:
                 self._rest[path] = tail
             for raw in lines:
-                if raw.strip():
-                    ev = parse_line(raw, self.stats)
-                    if ev is not None:
-                        out.append(ev)
-        return out
+                ev = _record(raw, self.stats)
+                if ev is not None:
+                    out.append(ev)
+        return out if typed else [_typed.to_dict(ev) for ev in out]
 
     def pending_partial(self) -> int:
         """Lines currently incomplete (writer mid-line, or a truncated file's end)."""

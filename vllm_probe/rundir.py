@@ -14,6 +14,7 @@ logs reveal workload shape and request ids.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -71,11 +72,25 @@ def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
-    """``meta.json`` of a run, or ``{}`` when absent or unreadable."""
+    """``meta.json`` of a run, or ``{}`` when absent, unreadable or not a JSON object.
+    Fields the views compute with are left out when of the wrong type: ``command`` (a
+    list of strings), ``start_time`` / ``end_time`` (finite numbers), ``exit_code`` (int)."""
     try:
-        return json.loads((Path(run_dir) / META_FILE).read_text())
-    except (OSError, ValueError):
+        meta = json.loads((Path(run_dir) / META_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
         return {}
+    if not isinstance(meta, dict):
+        return {}
+    command = meta.get("command")
+    if command is not None and not (isinstance(command, list) and all(isinstance(c, str) for c in command)):
+        del meta["command"]
+    for key in ("start_time", "end_time"):
+        value = meta.get(key)
+        if value is not None and not (type(value) in (int, float) and math.isfinite(value)):
+            del meta[key]
+    if meta.get("exit_code") is not None and type(meta["exit_code"]) is not int:
+        del meta["exit_code"]
+    return meta
 
 
 def event_files(run_dir: Path) -> list[Path]:

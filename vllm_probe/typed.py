@@ -6,7 +6,8 @@ objects, no hashing) and attribute reads are cheaper than ``dict.get``, which is
 brings ``summary`` over its 300,000 events/s target (docs/performance.md). Views that
 print fields by name (plain log, Perfetto export, dashboard) keep using dicts.
 
-Every field but ``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as
+A record's kind is its class attribute ``kind`` (the line's ``event``). Every field but
+``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as
 None, and ``engine`` as 0. Unknown fields are ignored (a newer schema may add some). A value of
 the wrong JSON type (a string where an int belongs, ``true`` for a count) fails
 validation, so a consumer never does arithmetic on it.
@@ -32,7 +33,7 @@ def _struct(kind) -> type:
     assert [f[0] for f in fields] == [f.name for f in COMMON_FIELDS if f.name != "event"] + list(kind.field_names)
     name = "".join(part.title() for part in kind.name.split("_")) + "Event"
     return msgspec.defstruct(name, fields, tag_field="event", tag=kind.name, kw_only=True, gc=False,
-                             module=__name__)
+                             module=__name__, namespace={"kind": kind.name})
 
 
 #: Struct class of each event kind, e.g. ``STRUCTS["step"]`` is ``StepEvent``.
@@ -66,6 +67,6 @@ def from_dict(ev: dict) -> Any | None:
 
 def to_dict(ev: Any) -> dict:
     """The event as a dict, ``event`` first, without the fields that were absent or null."""
-    out = {"event": ev.__struct_config__.tag}
+    out = {"event": ev.kind}
     out.update((k, v) for k, v in msgspec.structs.asdict(ev).items() if v is not None)
     return out
