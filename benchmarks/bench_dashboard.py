@@ -12,7 +12,7 @@ with its recompute pass, requests arriving to keep the waiting queue at ~8): mos
 ``request_finished`` among them.
 
 The stream is appended to an event file in blocks while the consumer of ``vllm-probe
-tail`` (:class:`vllm_probe.live.Watcher`: ``Follower`` → ``parse_line`` →
+tail`` (:class:`vllm_probe.live.Watcher`: ``Follower`` → typed records →
 ``RunState.apply``) reads it, and the dashboard is rendered to a 160×50 terminal (ANSI
 colours, written to memory) once every ``steps-per-s / refresh`` steps. Only the
 consumer's CPU time is counted (``time.process_time`` around reading and rendering);

@@ -202,10 +202,10 @@ def render_markdown() -> str:
         f"Schema version: **{SCHEMA_VERSION}**. One JSON object per line, one file per "
         "engine-core process (`events-<pid>.jsonl` in the run directory). Readers must "
         "skip kinds and fields they do not know; `schema` is bumped when a meaning changes. "
-        "Optional fields are omitted when they do not apply. vllm-probe's own analysis "
-        "(`summary`, `compare`) reads each line as a typed record built from this page "
-        "(`vllm_probe/typed.py`): a value of another JSON type than listed (`null` aside; "
-        "a `float` field accepts integers) makes the line count as malformed.",
+        "Optional fields are omitted when they do not apply. vllm-probe's own readers "
+        "(`summary`, `compare`, `export`, `tail`) read each line as a typed record built from "
+        "this page (`vllm_probe/typed.py`): a value of another JSON type than listed (`null` "
+        "aside; a `float` field accepts integers) makes the line count as malformed.",
         "",
         "## Fields on every line",
         "",
