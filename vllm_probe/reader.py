@@ -14,10 +14,11 @@ counted.
 from __future__ import annotations
 
 import heapq
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import msgspec
 
@@ -87,46 +88,40 @@ def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False) -> Any 
 
 
 def _read(path: Path, stats: ReadStats, with_lines: bool) -> Iterator:
-    """The records of one file's event lines in file order; ``(record, raw line)`` pairs
-    ``with_lines``. One loop for every reader: it is summary's hot path."""
+    """The records of one file's event lines in file order (see :func:`_decode_lines`)."""
     stats.files.add(str(path))
     try:
         f = open(path, "rb")
     except OSError:
         return
-    decode, latest = _typed.decode, SCHEMA_VERSION
     with f:
-        for raw in f:
-            if not raw.endswith(b"\n"):
-                if raw.strip():
-                    stats.partial += 1
-                break
-            try:
-                ev = decode(raw)
-            except (ValueError, RecursionError):  # classify it (or take a null engine as 0)
-                if not raw.strip():
-                    continue
-                ev = parse_line(raw, stats, typed=True)
-                if ev is None:
-                    continue
-            else:
-                schema = ev.schema
-                if schema is not None and schema > latest:
-                    stats.newer_schema += 1
-                stats.events += 1
-            yield (ev, raw) if with_lines else ev
+        yield from _decode_lines(f, stats, with_lines)
 
 
-def _record(raw: bytes, stats: ReadStats) -> Any | None:
-    """The record of one complete line, or None (counted in ``stats``)."""
-    try:
-        ev = _typed.decode(raw)
-    except (ValueError, RecursionError):
-        return parse_line(raw, stats, typed=True) if raw.strip() else None
-    if ev.schema is not None and ev.schema > SCHEMA_VERSION:
-        stats.newer_schema += 1
-    stats.events += 1
-    return ev
+def _decode_lines(lines: Iterable[bytes], stats: ReadStats, with_lines: bool) -> Iterator:
+    """The records of newline-terminated lines; ``(record, raw line)`` pairs
+    ``with_lines``. A last line without its newline is partial: counted, not read.
+    One loop for every reader: it is summary's hot path."""
+    decode, latest = _typed.decode, SCHEMA_VERSION
+    for raw in lines:
+        if not raw.endswith(b"\n"):
+            if raw.strip():
+                stats.partial += 1
+            break
+        try:
+            ev = decode(raw)
+        except (ValueError, RecursionError):  # classify it (or take a null engine as 0)
+            if not raw.strip():
+                continue
+            ev = parse_line(raw, stats, typed=True)
+            if ev is None:
+                continue
+        else:
+            schema = ev.schema
+            if schema is not None and schema > latest:
+                stats.newer_schema += 1
+            stats.events += 1
+        yield (ev, raw) if with_lines else ev
 
 
 def iter_file(path: Path, stats: ReadStats, typed: bool = False) -> Iterator:
@@ -211,14 +206,10 @@ class Follower:
                 continue
             self._offsets[path] = offset + len(data)
             data = self._rest.pop(path, b"") + data
-            lines = data.split(b"\n")
-            tail = lines.pop()
-            if tail:
-                self._rest[path] = tail
-            for raw in lines:
-                ev = _record(raw, self.stats)
-                if ev is not None:
-                    out.append(ev)
+            end = data.rfind(b"\n") + 1  # complete lines end here; the rest waits for its newline
+            if end < len(data):
+                self._rest[path] = data[end:]
+            out.extend(_decode_lines(io.BytesIO(data[:end]), self.stats, False))
         return out if typed else [_typed.to_dict(ev) for ev in out]
 
     def pending_partial(self) -> int:
