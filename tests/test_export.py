@@ -45,7 +45,7 @@ def test_merges_engine_cores_by_time_and_keeps_lines_verbatim(two_engines, tmp_p
     run, a, b = two_engines
     out = tmp_path / "all.jsonl"
     stats = ReadStats()
-    n = export_jsonl(run, out, stats=stats)
+    n = export_jsonl(run, out, stats=stats).written
     lines = read_lines(out)
     assert n == len(lines) == len(a.events) + len(b.events) == stats.events
     ts = [json.loads(line)["ts"] for line in lines]
@@ -57,7 +57,7 @@ def test_merges_engine_cores_by_time_and_keeps_lines_verbatim(two_engines, tmp_p
 def test_gzip_output(two_engines, tmp_path):
     run, a, b = two_engines
     out = tmp_path / "all.jsonl.gz"
-    n = export_jsonl(run, out)
+    n = export_jsonl(run, out).written
     with open(out, "rb") as f:
         assert f.read(2) == b"\x1f\x8b"
     assert len(read_lines(out)) == n == len(a.events) + len(b.events)
@@ -134,6 +134,11 @@ def test_cli_errors_and_stdout(tmp_path, two_engines):
     assert r.returncode == 2 and "after --to-step" in r.stderr
     r = cli("export", str(run), "-o", "-", "--request", "nobody", "--events", "chunk")
     assert r.returncode == 1 and "no event matched" in r.stderr
+    r = cli("export", str(run), "-o", "-", "--request", "nobody")  # only the context: still no match
+    assert r.returncode == 1 and "only the engine_config context was written" in r.stderr
+    assert [json.loads(line)["event"] for line in r.stdout.splitlines()] == ["engine_config"] * 2
+    r = cli("export", str(run), "-o", "-", "--events", "engine_config")  # asked for: a match
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2
     r = cli("export", str(tmp_path / "missing"))
     assert r.returncode == 2 and "run directory not found" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "empty").mkdir()

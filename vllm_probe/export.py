@@ -125,9 +125,23 @@ def open_output(out: str | Path) -> tuple[BinaryIO, bool]:
     return open(path, "wb"), True
 
 
+@dataclass
+class ExportResult:
+    """What :func:`export_jsonl` wrote (lines)."""
+
+    written: int = 0
+    #: ``engine_config`` lines kept only as context for a ``request`` / step filter
+    context: int = 0
+
+    @property
+    def matched(self) -> int:
+        """Lines the filters selected (everything written but the context)."""
+        return self.written - self.context
+
+
 def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filters | None = None,
-                 stats: ReadStats | None = None) -> int:
-    """Write the run's events, merged by time and filtered, as JSON lines; return the count.
+                 stats: ReadStats | None = None) -> ExportResult:
+    """Write the run's events, merged by time and filtered, as JSON lines.
 
     Args:
         run_dir: the run directory.
@@ -143,20 +157,24 @@ def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filte
     stats = stats if stats is not None else ReadStats()
     if not event_files(run_dir):
         raise ExportError(f"no event files (events-*.jsonl) in {run_dir}")
-    pairs = filter_lines(iter_run_lines(run_dir, stats), filters or Filters())
+    filters = filters or Filters()
+    pairs = filter_lines(iter_run_lines(run_dir, stats), filters)
     if isinstance(out, (str, Path)):
         stream, close = open_output(out)
     else:
         stream, close = out, False
     buf = io.BufferedWriter(stream, buffer_size=1 << 20) if isinstance(stream, gzip.GzipFile) else stream
-    n = 0
+    context_kind = "engine_config" if filters.active and filters.kinds is None else None
+    result = ExportResult()
     try:
         write = buf.write
-        for _ev, raw in pairs:
+        for ev, raw in pairs:
             write(raw)
-            n += 1
+            result.written += 1
+            if ev.kind == context_kind:
+                result.context += 1
         buf.flush()
     finally:
         if close:
             stream.close()
-    return n
+    return result

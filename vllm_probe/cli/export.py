@@ -70,7 +70,8 @@ def main(args: argparse.Namespace) -> int:
             written, what = result.trace_events, "trace events"
         else:
             filters = Filters.make(args.events, args.request, args.from_step, args.to_step)
-            written, what = export_jsonl(run_dir, out, filters, stats), "events"
+            result = export_jsonl(run_dir, out, filters, stats)
+            written, what = result.written, "events"
     except ExportError as e:
         code = EXIT_NO_EVENTS if str(e).startswith("no event") else 2
         raise CliError(str(e), code) from None
@@ -85,7 +86,8 @@ def main(args: argparse.Namespace) -> int:
     if stats.events == 0:
         print(f"vllm-probe: error: no readable events in {run_dir}", file=sys.stderr)
         return EXIT_NO_EVENTS
-    if written == 0:
-        print("vllm-probe: no event matched the filters", file=sys.stderr)
+    if written == 0 or (args.format != "perfetto" and result.matched == 0):
+        context = " (only the engine_config context was written)" if written else ""
+        print(f"vllm-probe: no event matched the filters{context}", file=sys.stderr)
         return EXIT_NO_EVENTS
     return 0
