@@ -280,7 +280,7 @@ def _header(state: RunState, meta: dict, stats: ReadStats | None, view: View, no
             (f" (cap {_n(cfg.get('long_prefill_token_threshold'))} tok)"
              if cfg.get("long_prefill_token_threshold") else ""), _sep(),
             ("KV cache ", "dim"), (f"{_n(kv_tok)} tok", "bold"),
-            (f" ({_n(cfg.get('num_kv_blocks'))} blocks × {_n(cfg.get('block_size'))})", "dim"), _sep(),
+            (f" ({_n(cfg.get('num_kv_blocks'))} blocks × {_n(cfg.get('block_size'))}, 1 reserved)", "dim"), _sep(),
             ("policy ", "dim"), str(cfg.get("scheduling_policy", "?")), _sep(),
             ("prefix caching ", "dim"), "on" if cfg.get("prefix_caching") else "off", _sep(),
             ("async scheduling ", "dim"), "on" if cfg.get("async_scheduling") else "off",
@@ -300,9 +300,14 @@ def _header(state: RunState, meta: dict, stats: ReadStats | None, view: View, no
     sched = [r for r in rates if r.schedule_us_mean is not None]
     sched_mean = sum(r.schedule_us_mean for r in sched) / len(sched) if sched else None
     sched_max = max((r.schedule_us_max for r in sched), default=None)
+    # the command's wall time includes the engine's start; the steps' own span does not
+    starts = [e.stepping_since for e in state.engines.values() if e.stepping_since is not None]
+    ends = [e.last_step_ts for e in state.engines.values() if e.last_step_ts is not None]
+    stepping = max(ends) - min(starts) if starts and ends else None
     parts: list[Any] = [("elapsed ", "dim"), fmt_duration(elapsed), _sep(),
-                        (_n(steps), "bold"), (" steps", "dim"), _sep(),
-                        f"{step_rate:.1f}" if step_rate else "-", (" steps/s", "dim"), _sep(),
+                        (_n(steps), "bold"), (" steps", "dim"),
+                        *([(" in ", "dim"), fmt_duration(stepping)] if stepping is not None else []), _sep(),
+                        f"{step_rate:.1f}" if step_rate else "-", (" steps/s recent", "dim"), _sep(),
                         ("schedule() ", "dim"), _us(sched_mean), (" mean, ", "dim"), _us(sched_max), (" max", "dim")]
     warnings: list[Any] = []
     if stats is not None:

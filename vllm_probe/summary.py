@@ -19,8 +19,10 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/state.p
 * **tokens per step**: ``scheduled_tokens`` of each step; **budget use**:
   ``scheduled_tokens / token_budget`` of each step (0..1). Quantiles over all steps.
 * **prefill / decode split**: sums of the steps' ``prefill_tokens`` / ``decode_tokens``;
-  ``recomputed_tokens``: tokens of prefill chunks in resumed passes (``resumed: true``),
-  the work a preemption costs.
+  ``recomputed_tokens``: tokens of prefill chunks in resumed passes (``resumed: true``):
+  the whole re-prefill after a preemption (prompt plus the output so far). Of it, only
+  the ``discarded_tokens`` had been computed before: they are the work the preemption
+  wasted; the rest of a prompt cut off mid-prefill would have been computed anyway.
 * **preemptions**: ``preempt`` events; distinct requests; ``discarded_tokens`` summed;
   worst request: most preemptions, ties broken by recomputed then discarded tokens.
 * **chunking**: a prompt's *chunks* are those of the prefill pass that produced its first

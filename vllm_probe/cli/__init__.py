@@ -48,6 +48,21 @@ class CliError(Exception):
         self.code = code
 
 
+#: Width of reports written to a pipe or file (rich would use 80 and cut table cells).
+PIPE_WIDTH = 160
+
+
+def report_console():
+    """A rich Console for ``summary`` / ``compare`` reports: the terminal's width, or
+    ``$COLUMNS``, or :data:`PIPE_WIDTH` when the output is not a terminal."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(width=PIPE_WIDTH)
+    return console
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``vllm-probe: error: ...``), exit 2."""
 

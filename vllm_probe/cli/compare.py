@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from ..rundir import resolve_run_dir
 from ..summary import CONFIG_KEYS, FIGURES, Figure, NoEventsError, Summary, summarize
-from . import CliError
+from . import CliError, report_console
 from .export import _silence_stdout
 from .summary import fmt
 
@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             sys.stdout.flush()
         else:
-            Console().print(render(summaries))
+            report_console().print(render(summaries))
     except BrokenPipeError:  # `... | head`
         _silence_stdout()
         return 0

@@ -15,13 +15,13 @@ import sys
 from typing import Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
 from ..rundir import resolve_run_dir
 from ..summary import Distribution, NoEventsError, Summary, summarize
-from . import CliError
+from . import CliError, report_console
 from .export import _silence_stdout
 
 EXIT_NO_EVENTS = 1
@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
             sys.stdout.flush()
         else:
-            console = Console()
+            console = report_console()
             console.print(render(s, console.width))
     except BrokenPipeError:  # `... | head`
         _silence_stdout()
@@ -122,7 +122,8 @@ def render(s: Summary, width: int = 120) -> Group:
         ("max_num_seqs", fmt(c.get("max_num_seqs"))),
         ("chunked prefill", fmt(c.get("enable_chunked_prefill"))
          + (f", long-prefill cap {c['long_prefill_token_threshold']:,}" if c.get("long_prefill_token_threshold") else "")),
-        ("KV cache (blocks × size)", f"{fmt(c.get('num_kv_blocks'))} × {fmt(c.get('block_size'))} = {fmt(kv_cap)} tok"
+        # vLLM reserves block 0 (the null block): capacity is (blocks - 1) x block size
+        ("KV cache", f"{fmt(kv_cap)} tok ({fmt(c.get('num_kv_blocks'))} blocks × {fmt(c.get('block_size'))}, 1 reserved)"
          if c.get("num_kv_blocks") is not None else "–"),
         ("max_model_len", fmt(c.get("max_model_len"))),
         ("policy", str(c.get("scheduling_policy", "–"))),
@@ -138,7 +139,8 @@ def render(s: Summary, width: int = 120) -> Group:
     p, ch = s.preemptions, s.chunking
     pre = _kv("Preemptions · chunking", [
         ("preemptions (requests)", f"{p.count:,} ({p.requests:,})"),
-        ("discarded · recomputed tok", f"{p.discarded_tokens:,} · {p.recomputed_tokens:,}"),
+        # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
+        ("discarded (wasted) · re-prefilled tok", f"{p.discarded_tokens:,} · {p.recomputed_tokens:,}"),
         ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else "–"),
         ("prompts chunked", f"{ch.chunked_prompts:,} of {ch.prompts:,}"),
         ("chunks/prompt mean·max", f"{fmt(ch.chunks_per_prompt.mean)} · {fmt(ch.chunks_per_prompt.max)}"),
