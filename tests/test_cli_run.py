@@ -58,3 +58,19 @@ def test_shorthand_runs_the_command_in_a_new_run_dir(tmp_path):
     runs = list((tmp_path / "vllm-probe-runs").iterdir())
     assert len(runs) == 1 and (runs[0] / "meta.json").exists()
     assert f"events -> vllm-probe-runs/{runs[0].name}" in proc.stderr
+
+
+def test_the_default_run_is_the_newest_started_nested_ones_included(tmp_path):
+    from vllm_probe.rundir import latest_run
+
+    def run(path, start):
+        path.mkdir(parents=True)
+        (path / "meta.json").write_text(json.dumps({"command": ["x"], "start_time": start}))
+
+    run(tmp_path / "20261130-010000-a", 1000.0)
+    run(tmp_path / "compare-budgets-20261130-020000" / "budget-768", 2000.0)
+    run(tmp_path / "compare-budgets-20261130-020000" / "budget-6144", 2100.0)
+    run(tmp_path / "zzz-older", 500.0)  # a name that sorts last does not win
+    assert latest_run(tmp_path) == tmp_path / "compare-budgets-20261130-020000" / "budget-6144"
+    run(tmp_path / "20261130-030000-b", 3000.0)
+    assert latest_run(tmp_path) == tmp_path / "20261130-030000-b"

@@ -99,19 +99,29 @@ def event_files(run_dir: Path) -> list[Path]:
 
 
 def latest_run(root: Path | None = None) -> Path:
-    """The newest run directory under ``root`` (by name, which starts with its start time).
+    """The newest run directory under ``root``: directly in it, or one level down (as
+    ``examples/compare_budgets.py`` nests its runs), by ``meta.json``'s start time.
 
     Raises:
         RunDirError: ``root`` does not exist or holds no run.
     """
     root = Path(root or DEFAULT_ROOT)
-    try:
-        runs = sorted(p for p in root.iterdir() if p.is_dir() and (p / META_FILE).exists())
-    except OSError:
-        raise RunDirError(f"no run directory: {root} does not exist (start one with `vllm-probe run -- COMMAND`)") from None
+    if not root.is_dir():
+        raise RunDirError(f"no run directory: {root} does not exist (start one with `vllm-probe run -- COMMAND`)")
+    runs = [m.parent for pattern in (f"*/{META_FILE}", f"*/*/{META_FILE}") for m in root.glob(pattern)]
     if not runs:
         raise RunDirError(f"no run directory under {root} (start one with `vllm-probe run -- COMMAND`)")
-    return max(runs, key=lambda p: (p.name[:15], p.stat().st_mtime))
+
+    def started(run: Path) -> tuple[float, str]:
+        start = read_meta(run).get("start_time")
+        if start is None:
+            try:
+                start = (run / META_FILE).stat().st_mtime
+            except OSError:
+                start = 0.0
+        return start, str(run)
+
+    return max(runs, key=started)
 
 
 def resolve_run_dir(arg: str | None) -> Path:
