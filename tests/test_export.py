@@ -236,4 +236,3 @@ def test_every_reader_classifies_lines_exactly_like_parse_line(tmp_path):
         assert (stats.events, stats.malformed, stats.partial, stats.unknown_kind, stats.newer_schema) == \
             (ref_stats.events, ref_stats.malformed, ref_stats.partial, ref_stats.unknown_kind,
              ref_stats.newer_schema), name
-
