@@ -1,16 +1,18 @@
 """Typed events: one msgspec Struct per event kind, generated from :mod:`vllm_probe.events`.
 
-The analysis side (``RunState``, ``summary``) reads events as these Structs: decoding a
-line into a Struct takes about 60 % of the time of decoding it into a dict (no key
-objects, no hashing) and attribute reads are cheaper than ``dict.get``, which is what
-brings ``summary`` over its 300,000 events/s target (docs/performance.md). Views that
-print fields by name (plain log, Perfetto export, dashboard) keep using dicts.
+Every reader (:mod:`vllm_probe.reader`) decodes each line into the Struct of its kind:
+that checks each field's JSON type against the schema, takes about 60 % of the time of
+decoding a dict (no key objects, no hashing), and attribute reads are cheaper than
+``dict.get`` — what brings ``summary`` over its 300,000 events/s target
+(docs/performance.md). ``RunState`` and ``summary`` use the Structs; views that print
+fields by name (plain log, Perfetto export) get them back as dicts (:func:`to_dict`).
 
 A record's kind is its class attribute ``kind`` (the line's ``event``). Every field but
-``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as
-None, and ``engine`` as 0. Unknown fields are ignored (a newer schema may add some). A value of
-the wrong JSON type (a string where an int belongs, ``true`` for a count) fails
-validation, so a consumer never does arithmetic on it.
+``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as None, and
+``engine`` as 0 (a null ``engine`` through the reader's slow path). Unknown fields are
+ignored (a newer schema may add some). A value of the wrong JSON type (a string where
+an int belongs, ``true`` for a count) fails validation, so no consumer ever does
+arithmetic on it.
 """
 
 from __future__ import annotations
