@@ -300,10 +300,7 @@ def _header(state: RunState, meta: dict, stats: ReadStats | None, view: View, no
     sched = [r for r in rates if r.schedule_us_mean is not None]
     sched_mean = sum(r.schedule_us_mean for r in sched) / len(sched) if sched else None
     sched_max = max((r.schedule_us_max for r in sched), default=None)
-    # the command's wall time includes the engine's start; the steps' own span does not
-    starts = [e.stepping_since for e in state.engines.values() if e.stepping_since is not None]
-    ends = [e.last_step_ts for e in state.engines.values() if e.last_step_ts is not None]
-    stepping = max(ends) - min(starts) if starts and ends else None
+    stepping = state.stepping_s()  # the command's elapsed time also holds the engine's start
     parts: list[Any] = [("elapsed ", "dim"), fmt_duration(elapsed), _sep(),
                         (_n(steps), "bold"), (" steps", "dim"),
                         *([(" in ", "dim"), fmt_duration(stepping)] if stepping is not None else []), _sep(),

@@ -169,8 +169,11 @@ class RequestState:
         return self.computed
 
 
-def bound_by(ev: dict, max_num_seqs: int | None) -> str:
-    """Which limit held the step back (one of :data:`LIMITS`).
+def bound_by(scheduled: int, budget: int | None, running: int, waiting: int, preempted: bool,
+             max_num_seqs: int | None) -> str:
+    """Which limit held a step back (one of :data:`LIMITS`), from its ``step`` event's
+    ``scheduled_tokens``, ``token_budget`` (None: unknown), ``running``, ``waiting``
+    (requests), whether it preempted, and the engine's ``max_num_seqs``.
 
     ``token_budget``: the step used its whole budget. ``max_num_seqs``: requests wait
     while the running queue is full. ``kv_cache``: a preemption happened, or requests
@@ -178,13 +181,11 @@ def bound_by(ev: dict, max_num_seqs: int | None) -> str:
     reason not to admit them is that their KV blocks cannot be allocated).
     ``none``: nothing waits; the workload, not a limit, set the batch.
     """
-    budget = ev.get("token_budget")
-    if budget is not None and (ev.get("scheduled_tokens") or 0) >= budget:
+    if budget is not None and scheduled >= budget:
         return "token_budget"
-    waiting = ev.get("waiting") or 0
-    if waiting and max_num_seqs is not None and (ev.get("running") or 0) >= max_num_seqs:
+    if waiting and max_num_seqs is not None and running >= max_num_seqs:
         return "max_num_seqs"
-    if ev.get("preempted") or waiting:
+    if waiting or preempted:
         return "kv_cache"
     return "none"
 
@@ -423,6 +424,16 @@ class RunState:
     def total(self, attr: str) -> int | float:
         return sum(getattr(e, attr) for e in self.engines.values())
 
+    def stepping_s(self) -> float | None:
+        """Seconds the schedulers were stepping: from the earliest step's start (its ``ts``
+        minus its ``schedule_us``) to the latest step's ``ts``, across engines; None
+        before the first step. Unlike the command's wall time, no engine start-up."""
+        starts = [e.stepping_since for e in self.engines.values() if e.stepping_since is not None]
+        if not starts:
+            return None
+        return max(max(e.last_step_ts for e in self.engines.values() if e.last_step_ts is not None)
+                   - min(starts), 0.0)
+
     def engine_ids(self) -> list[int]:
         """Data-parallel ranks seen so far, sorted."""
         return sorted(self.engines)
@@ -459,18 +470,10 @@ class RunState:
         if decode:
             eng.decode_tokens += decode
         eng.schedule_us_total += schedule_us
-        # bound_by(), inlined: this runs once per step event
         waiting = ev.waiting or 0
         running = ev.running or 0
         preempted = ev.preempted
-        if budget is not None and scheduled >= budget:
-            bound = "token_budget"
-        elif waiting and eng._max_num_seqs is not None and running >= eng._max_num_seqs:
-            bound = "max_num_seqs"
-        elif waiting or preempted:
-            bound = "kv_cache"
-        else:
-            bound = "none"
+        bound = bound_by(scheduled, budget, running, waiting, bool(preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
         if self.step_window:
             eng.window.append(StepRecord(

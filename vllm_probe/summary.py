@@ -341,10 +341,7 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
             {k: c.get(k) for k in CONFIG_KEYS if k != "scheduler_class"}
             != {k: configs[0].get(k) for k in CONFIG_KEYS if k != "scheduler_class"} for c in configs[1:])
     s.steps = int(state.total("steps"))
-    starts = [e.stepping_since for e in engines.values() if e.stepping_since is not None]
-    ends = [e.last_step_ts for e in engines.values() if e.last_step_ts is not None]
-    if starts and ends:
-        s.duration_s = max(max(ends) - min(starts), 0.0)
+    s.duration_s = state.stepping_s()
     s.requests_added = int(state.total("requests_added"))
     s.requests_finished = col.finished
     s.requests_unfinished = sum(len(e.requests) for e in engines.values())
