@@ -126,7 +126,7 @@ def open_output(out: str | Path) -> tuple[BinaryIO, bool]:
 
 
 @dataclass
-class ExportResult:
+class JsonlResult:
     """What :func:`export_jsonl` wrote (lines)."""
 
     written: int = 0
@@ -140,7 +140,7 @@ class ExportResult:
 
 
 def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filters | None = None,
-                 stats: ReadStats | None = None) -> ExportResult:
+                 stats: ReadStats | None = None) -> JsonlResult:
     """Write the run's events, merged by time and filtered, as JSON lines.
 
     Args:
@@ -165,7 +165,7 @@ def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filte
         stream, close = out, False
     buf = io.BufferedWriter(stream, buffer_size=1 << 20) if isinstance(stream, gzip.GzipFile) else stream
     context_kind = "engine_config" if filters.active and filters.kinds is None else None
-    result = ExportResult()
+    result = JsonlResult()
     try:
         write = buf.write
         for ev, raw in pairs:

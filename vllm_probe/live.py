@@ -32,7 +32,7 @@ from rich.text import Text
 from .dashboard import View, fmt_duration, render_dashboard
 from .launcher import _exit_code, count_events, finish_run, spawn, start_run
 from .plain import PlainFormatter
-from .reader import Follower, ReadStats, iter_run
+from .reader import Follower, ReadStats, iter_run, record_ts
 from .rundir import COMMAND_LOG, read_meta
 from .settings import Settings
 from .state import RunState
@@ -52,10 +52,6 @@ LOG_TAIL_LINES = 20
 REPLAY_MAX_GAP_S = 5.0
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def _ts(ev) -> float:
-    return ev.ts
 
 
 class Watcher:
@@ -105,7 +101,7 @@ class Watcher:
             batch = self.follower.poll(READ_CHUNK, typed=True)
             if not batch:
                 break
-            batch.sort(key=_ts)  # files of several engine cores interleave
+            batch.sort(key=record_ts)  # files of several engine cores interleave
             for ev in batch:
                 self.apply(ev)
             total += len(batch)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import io
 import os
+from operator import attrgetter, itemgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -132,6 +133,10 @@ def iter_file(path: Path, stats: ReadStats, typed: bool = False) -> Iterator:
     return map(_typed.to_dict, _read(path, stats, False))
 
 
+#: Sort key of records by time (``ts``, epoch s).
+record_ts = attrgetter("ts")
+
+
 def iter_run(run_dir: Path, stats: ReadStats, typed: bool = False) -> Iterator:
     """Stream every event of a run, merged across files in time order.
 
@@ -141,15 +146,7 @@ def iter_run(run_dir: Path, stats: ReadStats, typed: bool = False) -> Iterator:
     streams = [iter_file(p, stats, typed) for p in event_files(run_dir)]
     if len(streams) == 1:
         return streams[0]
-    return heapq.merge(*streams, key=_record_ts if typed else _dict_ts)
-
-
-def _dict_ts(ev: dict) -> float:
-    return ev["ts"]
-
-
-def _record_ts(ev) -> float:
-    return ev.ts
+    return heapq.merge(*streams, key=record_ts if typed else itemgetter("ts"))
 
 
 def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[Any, bytes]]:
@@ -160,7 +157,7 @@ def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[Any, bytes]]
 
 def iter_run_lines(run_dir: Path, stats: ReadStats) -> Iterator[tuple[Any, bytes]]:
     """Like :func:`iter_run`, yielding ``(record, raw line)`` pairs merged by ``ts``."""
-    streams = [_read(p, stats, True) for p in event_files(run_dir)]
+    streams = [iter_file_lines(p, stats) for p in event_files(run_dir)]
     if len(streams) == 1:
         return streams[0]
     return heapq.merge(*streams, key=_pair_ts)
