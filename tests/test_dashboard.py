@@ -29,12 +29,15 @@ def squash(text: str) -> str:
 
 
 def test_header_and_config_figures():
-    text = render(RunState().apply_all(hand_stream()), now=100.8)
+    state = RunState().apply_all(hand_stream())
+    # stepping: step 0 starts at 100.1 - 100 µs, step 7 ends at 100.8
+    assert state.stepping_s() == pytest.approx(100.8 - (100.1 - 100e-6))
+    text = render(state, now=100.8)
     flat = squash(text)
     assert "python examples/long_prompts.py" in flat
     assert "vLLM 0.32.0" in flat and "token budget 8 tok" in flat and "max_num_seqs 4" in flat
     assert "KV cache 40 tok (11 blocks × 4, 1 reserved)" in flat and "prefix caching off" in flat
-    assert "8 steps" in flat and "10.0 steps/s" in flat  # 7 steps in 0.7 s
+    assert "8 steps in 700 ms" in flat and "10.0 steps/s recent" in flat  # 7 intervals in 0.7 s
     assert "schedule() 104 µs mean, 107 µs max" in flat  # 103.5 rounds to 104
     assert "elapsed 2.80 s" in flat  # meta start 98.0 -> now 100.8
 
