@@ -7,7 +7,10 @@ uncounted.
    statistics (the last ``probe_stats`` line, or a warning when the file is gone)
    give the counts;
 6. SIGKILL: every line on disk is complete JSON, nothing is missing in the middle,
-   and at most the last FLUSH_INTERVAL_S of events is lost;
+   and at most the last FLUSH_INTERVAL_S of events is lost; after a stop signal (vLLM's
+   abort-mode shutdown kills the engine core milliseconds later) the file still ends
+   with a ``probe_stats`` line that counts it, and at most STOPPING_FLUSH_INTERVAL_S is
+   lost;
 7. a flood faster than the writer: memory stays bounded by the queue cap, the
    emitting thread never waits, drops are counted exactly.
 
@@ -33,7 +36,7 @@ import pytest
 from tests._workload import SPEC, probe_warnings, trace, workload
 from tests.conftest import ROOT, requires_vllm
 from vllm_probe.events import STEP
-from vllm_probe.sink import FLUSH_INTERVAL_S, EventSink
+from vllm_probe.sink import FLUSH_INTERVAL_S, STOPPING_FLUSH_INTERVAL_S, EventSink
 
 VARYING = {"arrival_ts", "schedule_us"}  # differ between two runs of the same workload
 
@@ -370,11 +373,16 @@ def test_small_queue_on_the_real_scheduler_counts_every_drop(probed, reference, 
 
 #: Emits one step event every millisecond; records in a 16-byte shared file how many it
 #: emitted and the ts of the last one, so the parent knows what was produced but lost.
+#: SIGTERM runs the sink's checkpoint, then a handler that keeps going, as vLLM's engine
+#: core does (it goes on stepping and aborting until its parent SIGKILLs it).
 _CHILD = textwrap.dedent("""
-    import mmap, struct, sys, time
+    import mmap, signal, struct, sys, time
     from vllm_probe.events import STEP
+    from vllm_probe.signals import on_stop_signals
     from vllm_probe.sink import EventSink
     sink = EventSink(sys.argv[1])
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    on_stop_signals(sink.checkpoint)
     with open(sys.argv[2], "r+b") as f:
         shared = mmap.mmap(f.fileno(), 16)
     i = 0
@@ -423,3 +431,44 @@ def test_sigkill_leaves_whole_lines_and_loses_at_most_one_flush_interval(tmp_pat
     # bound: one interval, plus the writer thread's wait for the GIL and its write()
     assert lost_s <= FLUSH_INTERVAL_S + 0.15, (lost_s, emitted - len(events))
     assert emitted >= len(events)
+
+
+@pytest.mark.parametrize("kill_after_s", [0.002, 0.013, 0.25])
+def test_sigkill_after_a_stop_signal_leaves_a_final_probe_stats_line(kill_after_s, tmp_path):
+    """vLLM's abort-mode shutdown: SIGTERM, events go on, SIGKILL milliseconds later.
+    Wherever the kill lands, the file ends with a ``probe_stats`` line whose count is
+    the number of lines before it, and only the last STOPPING_FLUSH_INTERVAL_S is lost."""
+    import struct
+
+    path, shared = tmp_path / "events.jsonl", tmp_path / "shared"
+    shared.write_bytes(bytes(16))
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(shared)], cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while (not path.exists() or path.stat().st_size < 20_000) and time.time() < deadline:
+            assert child.poll() is None
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        time.sleep(kill_after_s)
+        child.send_signal(signal.SIGSTOP)
+        emitted, last_ts = struct.unpack("qd", shared.read_bytes())
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    events = [json.loads(line) for line in data.splitlines()]
+    steps = [e["step"] for e in events if e["event"] == "step"]
+    assert steps == list(range(len(steps)))  # no hole, no repeat
+    assert events[-1]["event"] == "probe_stats", events[-1]
+    assert (events[-1]["events_written"], events[-1]["events_dropped"]) == (len(steps), 0)
+    # every probe_stats line counts exactly the events before it
+    for i, e in enumerate(events):
+        if e["event"] == "probe_stats":
+            assert e["events_written"] == sum(x["event"] == "step" for x in events[:i])
+    lost_s = last_ts - events[-2]["ts"]
+    print(f"SIGKILL {kill_after_s * 1000:.0f} ms after SIGTERM: {emitted - len(steps)} events = "
+          f"{lost_s * 1000:.0f} ms lost")
+    assert lost_s <= STOPPING_FLUSH_INTERVAL_S + 0.15, (lost_s, emitted - len(steps))

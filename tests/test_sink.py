@@ -62,3 +62,28 @@ def test_close_is_idempotent_and_writer_flushes_periodically(tmp_path):
     sink.close()
     sink.close()
     assert [e["event"] for e in read_lines(path)] == ["step", "probe_stats"]
+
+
+def test_after_a_checkpoint_every_write_ends_with_probe_stats(tmp_path):
+    """A stop signal's checkpoint, then the engine core goes on (vLLM's shutdown): each
+    later write carries its own probe_stats; no checkpoint or close repeats an unchanged one."""
+    path = tmp_path / "events-4.jsonl"
+    sink = EventSink(path, flush_interval_s=60)  # before the checkpoint only the calls below write
+    sink.emit(STEP, 1.0, 0, step_values(0))
+    sink.checkpoint()
+    sink.checkpoint()  # SIGTERM after SIGINT: nothing new, nothing written
+    assert [(e["event"], e.get("events_written")) for e in read_lines(path)] == [("step", None), ("probe_stats", 1)]
+    for i in (1, 2, 3):  # the writer (now every 10 ms) or flush(): whichever writes, stats end it
+        sink.emit(STEP, 1.0 + i, 0, step_values(i))
+        sink.flush()
+        assert read_lines(path)[-1] == {**read_lines(path)[-1], "event": "probe_stats", "events_written": i + 1}
+    sink.checkpoint()
+    sink.close()
+    lines = read_lines(path)
+    assert [e["step"] for e in lines if e["event"] == "step"] == [0, 1, 2, 3]
+    assert lines[-1]["event"] == "probe_stats" and lines[-1]["events_written"] == 4
+    for before, line in zip(lines, lines[1:]):
+        assert (before["event"], line["event"]) != ("probe_stats", "probe_stats")
+    for i, line in enumerate(lines):
+        if line["event"] == "probe_stats":
+            assert line["events_written"] == sum(e["event"] == "step" for e in lines[:i])

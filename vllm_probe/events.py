@@ -174,10 +174,11 @@ REQUEST_FINISHED = EventKind(
 PROBE_STATS = EventKind(
     "probe_stats",
     None,
-    "How complete the file is. Written when the engine core receives SIGTERM/SIGINT "
-    "and again at exit if more events followed; counts are cumulative and the last "
-    "`probe_stats` line of a file is final. A file without one was cut short "
-    "(SIGKILL): at most the last 0.1 s of events is missing.",
+    "How complete the file is. Written when the engine core receives SIGTERM/SIGINT, "
+    "then at the end of every write until the process ends (vLLM may SIGKILL it "
+    "milliseconds later), and at exit if more events followed; counts are cumulative "
+    "and the last `probe_stats` line of a file is final. A file without one was cut "
+    "short (SIGKILL): at most the last 0.1 s of events is missing.",
     (
         Field("events_written", "int", "events", "Event lines written to this file (this line excluded)."),
         Field("events_dropped", "int", "events", "Events lost: queue full or write failed."),

@@ -7,6 +7,14 @@ under a microsecond); building the JSON object, encoding it (structlog's
 unbuffered file, so a SIGKILL leaves only complete lines and loses at most the events of
 the last interval.
 
+Stopping: at SIGTERM/SIGINT (:meth:`EventSink.checkpoint`) everything queued is written
+with a ``probe_stats`` line. vLLM 0.32's engine core goes on stepping after the signal
+(a last step, aborts of in-flight requests) while its parent SIGKILLs it milliseconds
+later (abort mode, ``shutdown_timeout`` 0, the default). So from the signal on, the
+writer wakes every :data:`STOPPING_FLUSH_INTERVAL_S` and ends each ``write()`` with a
+``probe_stats`` line counting it: wherever the kill lands, the file ends with a
+``probe_stats`` line whose counts match the lines before it.
+
 Faults never reach vLLM: a full queue, an unwritable directory, a full disk or a deleted
 file turn into counted drops and one warning line; the final ``probe_stats`` line (or,
 when the file cannot be written, a warning on stderr) reports them.
@@ -35,6 +43,10 @@ logger = logging.getLogger("vllm_probe")
 #: Longest time an event waits in memory before it is written (seconds). A SIGKILL loses
 #: at most this much; SIGTERM/SIGINT and normal exits lose nothing.
 FLUSH_INTERVAL_S = 0.1
+
+#: The writer's interval after a stop signal (seconds): vLLM may SIGKILL the engine core
+#: milliseconds after it, and events of the shutdown (aborted requests) should make it.
+STOPPING_FLUSH_INTERVAL_S = 0.01
 
 #: Longest wait (s) of close() and of a stop signal's checkpoint for a writer thread
 #: stuck inside write() (a hung disk): beyond it they give up instead of holding vLLM.
@@ -201,7 +213,9 @@ class EventSink:
         # signal's checkpoint may interrupt the main thread inside close()
         self._drain_lock = threading.RLock()
         self._stats_at: tuple[int, int] | None = None  # (written, dropped) at the last probe_stats
+        self._stopping = False  # a stop signal arrived: every write ends with probe_stats
         self._stop = threading.Event()
+        self._wake = threading.Event()  # cuts the writer's wait short (stop signal, close)
         self._buffer = _LineBuffer()
         self._log = structlog.wrap_logger(
             self._buffer,
@@ -266,8 +280,11 @@ class EventSink:
         failed, self._buffer.failed = self._buffer.failed, []
         if failed:
             self._unencodable(failed)
+        counted = n - len(failed)
+        if self._stopping:  # the same write() carries the counts that include it
+            lines += self._stats_lines(self.written + counted)
         if lines:
-            self._write_lines(lines, counted=n - len(failed))
+            self._write_lines(lines, counted=counted)
 
     def _unencodable(self, failed: list[tuple[str, Exception]]) -> None:
         self.dropped_encode += len(failed)
@@ -302,7 +319,11 @@ class EventSink:
             self._file = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._drain()
             except Exception:  # never let the writer die silently
@@ -314,17 +335,22 @@ class EventSink:
     def dropped(self) -> int:
         return self.dropped_full + self.dropped_io + self.dropped_encode
 
+    def _stats_lines(self, written: int) -> list[str]:
+        """The rendered ``probe_stats`` line for ``written`` events (with the lock held)."""
+        errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
+        self._stats_at = (written, self.dropped)
+        self._render([(PROBE_STATS, time.time(), self.engine, (written, self.dropped, errors, disabled))])
+        lines, self._buffer.lines = self._buffer.lines, []
+        self._buffer.failed = []
+        return lines
+
     def _write_stats(self, wait: float = -1) -> None:
         if not self._drain_lock.acquire(timeout=wait):
             return
         try:
             if self._file is None:
                 return
-            errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
-            self._stats_at = (self.written, self.dropped)
-            self._render([(PROBE_STATS, time.time(), self.engine, (self.written, self.dropped, errors, disabled))])
-            lines, self._buffer.lines = self._buffer.lines, []
-            self._buffer.failed = []
+            lines = self._stats_lines(self.written)
             if lines:
                 self._write_lines(lines, counted=0)
         finally:
@@ -335,14 +361,19 @@ class EventSink:
 
         Called on SIGTERM/SIGINT (:func:`vllm_probe.signals.on_stop_signals`): vLLM's
         shutdown may SIGKILL the engine core right after (0.32's process manager does
-        when the engine core does not exit at once), before ``atexit`` runs. Events
-        emitted later are followed by another ``probe_stats`` at :meth:`close`; the
-        last one in a file is final. Never raises.
+        when the engine core does not exit at once), before ``atexit`` runs. From here
+        on the sink is *stopping*: the writer wakes every
+        :data:`STOPPING_FLUSH_INTERVAL_S` and each of its writes ends with a
+        ``probe_stats`` line; the last one in a file is final. Never raises.
         """
         if os.getpid() != self.pid or self._closed:
             return
+        self._stopping = True
+        self._interval = STOPPING_FLUSH_INTERVAL_S
+        self._wake.set()  # the writer's current wait was for the old interval
         try:
-            if self._drain(STALL_WAIT_S):
+            # the drain already ended with probe_stats if it wrote anything
+            if self._drain(STALL_WAIT_S) and (self.written, self.dropped) != self._stats_at:
                 self._write_stats(STALL_WAIT_S)
         except Exception:
             logger.debug("vllm-probe: checkpoint failed", exc_info=True)
@@ -356,6 +387,7 @@ class EventSink:
                 return
             self._closed = True
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
         if not self._drain(STALL_WAIT_S):  # the writer is stuck in write(): leave it the file

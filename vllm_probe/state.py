@@ -255,7 +255,9 @@ class EngineState:
     requests_added: int = 0
     requests_finished: int = 0
     bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
-    probe_stats: list[dict] = field(default_factory=list)
+    #: the latest ``probe_stats`` line of each file, by pid (counts are cumulative per file,
+    #: and a stopping engine core writes one with every flush: the last one is final)
+    probe_stats: dict[Any, dict] = field(default_factory=dict)
     window: deque = field(init=False)
     recent_preempts: deque = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
@@ -324,18 +326,15 @@ class EngineState:
     def events_dropped(self) -> int:
         """Events the probe lost in this engine core (events).
 
-        ``probe_stats`` counts are cumulative per file (process) and may repeat: the
-        last line of each pid counts.
+        ``probe_stats`` counts are cumulative per file (process): the last line of
+        each pid counts.
         """
-        last: dict[Any, int] = {}
-        for ps in self.probe_stats:
-            last[ps.get("pid")] = ps.get("events_dropped", 0) or 0
-        return sum(last.values())
+        return sum(ps.get("events_dropped", 0) or 0 for ps in self.probe_stats.values())
 
     @property
     def hooks_disabled(self) -> list[str]:
         """Hooks the probe switched off after repeated errors (their events stop)."""
-        return sorted({h for ps in self.probe_stats for h in ps.get("hooks_disabled") or ()})
+        return sorted({h for ps in self.probe_stats.values() for h in ps.get("hooks_disabled") or ()})
 
     def phase_counts(self) -> dict[str, int]:
         """Known unfinished requests per phase (requests)."""
@@ -580,4 +579,4 @@ class RunState:
             self.on_request_finished(req)
 
     def _probe_stats(self, eng: EngineState, ev) -> None:
-        eng.probe_stats.append(to_dict(ev))
+        eng.probe_stats[ev.pid] = to_dict(ev)

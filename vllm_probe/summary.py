@@ -411,8 +411,7 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
     s.probe_hooks_disabled = sorted({h for eng in engines.values() for h in eng.hooks_disabled})
     last_stats: dict[Any, dict] = {}  # probe_stats counts are cumulative: the last per file (pid) is final
     for eng in engines.values():
-        for ps in eng.probe_stats:
-            last_stats[ps.get("pid")] = ps
+        last_stats.update(eng.probe_stats)
     for ps in last_stats.values():
         errs = ps.get("hook_errors") or {}
         if isinstance(errs, dict):
