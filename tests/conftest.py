@@ -84,6 +84,10 @@ def _no_probe_env(monkeypatch):
 SENTINEL = "SENTINEL-7f3a"
 SERVER_REQUESTS = 4
 SERVER_MAX_TOKENS = 12
+#: The in-flight request's length: ~1,000 decode steps, seconds on any CPU (max-model-len 1024).
+IN_FLIGHT_MAX_TOKENS = 1000
+#: How long it runs before the stop signal (it is admitted within milliseconds).
+IN_FLIGHT_LEAD_S = 0.5
 
 
 def _free_port() -> int:
@@ -94,16 +98,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_under_probe(base: Path, stop, new_session: bool = False):
+def serve_under_probe(base: Path, stop, new_session: bool = False, in_flight: bool = False):
     """vLLM's OpenAI-compatible server under ``vllm-probe run --out base/run``, on loopback.
 
     Sends :data:`SERVER_REQUESTS` completions whose prompts contain :data:`SENTINEL`,
     then calls ``stop(proc)`` (``proc``: the ``vllm-probe`` process; ``new_session``
     puts it and the server in a process group of their own) and waits for the exit.
-    Returns a namespace: ``run_dir``, ``responses`` (decoded JSON bodies), ``statuses``,
+    ``in_flight``: first start one more completion of :data:`IN_FLIGHT_MAX_TOKENS`
+    (seconds of decoding here) and stop while it runs, so that the engine core still
+    schedules and aborts after the signal. Returns a namespace: ``run_dir``,
+    ``responses`` (decoded JSON bodies), ``statuses`` (of the completed requests),
     ``returncode`` of ``vllm-probe``, ``log`` (its combined output).
     """
     import json
+    import threading
     import time
     import types
     import urllib.request
@@ -146,6 +154,22 @@ def serve_under_probe(base: Path, stop, new_session: bool = False):
                 with urllib.request.urlopen(req, timeout=120) as r:
                     statuses.append(r.status)
                     responses.append(json.load(r))
+            if in_flight:
+                body = json.dumps({"model": model, "max_tokens": IN_FLIGHT_MAX_TOKENS, "ignore_eos": True,
+                                   "prompt": f"{SENTINEL} in flight"}).encode()
+                req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+
+                def send() -> None:
+                    # the server waits for open connections before it exits; when the
+                    # engine core is killed before its abort goes out, this one hangs
+                    try:
+                        urllib.request.urlopen(req, timeout=IN_FLIGHT_LEAD_S + 5).read()
+                    except OSError:
+                        pass
+
+                threading.Thread(target=send, daemon=True).start()
+                time.sleep(IN_FLIGHT_LEAD_S)
             stop(proc)
             returncode = proc.wait(timeout=120)
         finally:
