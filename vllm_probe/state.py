@@ -332,6 +332,16 @@ class EngineState:
         return sum(ps.get("events_dropped", 0) or 0 for ps in self.probe_stats.values())
 
     @property
+    def hook_errors(self) -> int:
+        """Exceptions caught in the probe's hooks in this engine core (last line of each pid)."""
+        total = 0
+        for ps in self.probe_stats.values():
+            errs = ps.get("hook_errors")
+            if isinstance(errs, dict):
+                total += sum(n for n in errs.values() if isinstance(n, int) and not isinstance(n, bool))
+        return total
+
+    @property
     def hooks_disabled(self) -> list[str]:
         """Hooks the probe switched off after repeated errors (their events stop)."""
         return sorted({h for ps in self.probe_stats.values() for h in ps.get("hooks_disabled") or ()})

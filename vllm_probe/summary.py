@@ -409,13 +409,7 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
 
     s.probe_dropped_events = sum(eng.events_dropped for eng in engines.values())
     s.probe_hooks_disabled = sorted({h for eng in engines.values() for h in eng.hooks_disabled})
-    last_stats: dict[Any, dict] = {}  # probe_stats counts are cumulative: the last per file (pid) is final
-    for eng in engines.values():
-        last_stats.update(eng.probe_stats)
-    for ps in last_stats.values():
-        errs = ps.get("hook_errors") or {}
-        if isinstance(errs, dict):
-            s.probe_hook_errors += sum(v for v in errs.values() if isinstance(v, int) and not isinstance(v, bool))
+    s.probe_hook_errors = sum(eng.hook_errors for eng in engines.values())
     return s
 
 
