@@ -399,7 +399,10 @@ def test_flush_interval_is_the_documented_bound():
     assert 0 < FLUSH_INTERVAL_S <= 0.5
 
 
-def test_sigkill_leaves_whole_lines_and_loses_at_most_one_flush_interval(tmp_path):
+def _kill_child(tmp_path, min_size: int, before_kill) -> tuple[list[dict], int, float]:
+    """Run :data:`_CHILD` until its file holds ``min_size`` bytes, call ``before_kill(child)``,
+    freeze it, read what it emitted, SIGKILL it. Returns (lines on disk, events emitted,
+    ts of the last one emitted); fails on a partial last line."""
     import struct
 
     path, shared = tmp_path / "events.jsonl", tmp_path / "shared"
@@ -407,13 +410,10 @@ def test_sigkill_leaves_whole_lines_and_loses_at_most_one_flush_interval(tmp_pat
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(shared)], cwd=ROOT)
     try:
         deadline = time.time() + 60
-        while (not path.exists() or path.stat().st_size < 50_000) and time.time() < deadline:
+        while (not path.exists() or path.stat().st_size < min_size) and time.time() < deadline:
             assert child.poll() is None
             time.sleep(0.05)
-        size = path.stat().st_size
-        while path.stat().st_size == size and time.time() < deadline:  # a flush happens now
-            time.sleep(0.002)
-        time.sleep(4 * FLUSH_INTERVAL_S + 0.037)  # several intervals later, at some phase
+        before_kill(child)
         child.send_signal(signal.SIGSTOP)  # freeze, read what it emitted, then kill
         emitted, last_ts = struct.unpack("qd", shared.read_bytes())
         child.send_signal(signal.SIGKILL)
@@ -423,7 +423,19 @@ def test_sigkill_leaves_whole_lines_and_loses_at_most_one_flush_interval(tmp_pat
             child.kill()
     data = path.read_bytes()
     assert data.endswith(b"\n")  # no partial last line
-    events = [json.loads(line) for line in data.splitlines()]
+    return [json.loads(line) for line in data.splitlines()], emitted, last_ts
+
+
+def test_sigkill_leaves_whole_lines_and_loses_at_most_one_flush_interval(tmp_path):
+    path = tmp_path / "events.jsonl"
+
+    def after_a_flush(child):
+        size, deadline = path.stat().st_size, time.time() + 60
+        while path.stat().st_size == size and time.time() < deadline:  # a flush happens now
+            time.sleep(0.002)
+        time.sleep(4 * FLUSH_INTERVAL_S + 0.037)  # several intervals later, at some phase
+
+    events, emitted, last_ts = _kill_child(tmp_path, 50_000, after_a_flush)
     assert [e["step"] for e in events] == list(range(len(events)))  # no hole, no repeat
     assert all(e["event"] == "step" for e in events)  # killed: no probe_stats
     lost_s = last_ts - events[-1]["ts"]
@@ -438,28 +450,12 @@ def test_sigkill_after_a_stop_signal_leaves_a_final_probe_stats_line(kill_after_
     """vLLM's abort-mode shutdown: SIGTERM, events go on, SIGKILL milliseconds later.
     Wherever the kill lands, the file ends with a ``probe_stats`` line whose count is
     the number of lines before it, and only the last STOPPING_FLUSH_INTERVAL_S is lost."""
-    import struct
 
-    path, shared = tmp_path / "events.jsonl", tmp_path / "shared"
-    shared.write_bytes(bytes(16))
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, str(path), str(shared)], cwd=ROOT)
-    try:
-        deadline = time.time() + 60
-        while (not path.exists() or path.stat().st_size < 20_000) and time.time() < deadline:
-            assert child.poll() is None
-            time.sleep(0.05)
+    def stop_signal(child):
         child.send_signal(signal.SIGTERM)
         time.sleep(kill_after_s)
-        child.send_signal(signal.SIGSTOP)
-        emitted, last_ts = struct.unpack("qd", shared.read_bytes())
-        child.send_signal(signal.SIGKILL)
-        child.wait(10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-    data = path.read_bytes()
-    assert data.endswith(b"\n")
-    events = [json.loads(line) for line in data.splitlines()]
+
+    events, emitted, last_ts = _kill_child(tmp_path, 20_000, stop_signal)
     steps = [e["step"] for e in events if e["event"] == "step"]
     assert steps == list(range(len(steps)))  # no hole, no repeat
     assert events[-1]["event"] == "probe_stats", events[-1]
