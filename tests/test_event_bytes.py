@@ -1,0 +1,102 @@
+"""The bytes the probe writes do not change when its code is reorganised.
+
+``data/harness_events.masked.jsonl`` was written by the probe as of commit 1649c4d
+(before the package got its folders): the hooks on vLLM 0.32's real Scheduler, driven
+without a model through three workloads (preemptions, chunked prefill, prefix-cache
+hits), into a real ``EventSink`` file. Values that differ from run to run (``ts``,
+``pid``, ``arrival_ts``, ``schedule_us``) are masked; everything else — field order,
+separators, number formatting, omitted optional fields, the final ``probe_stats`` — must
+match byte for byte.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_vllm
+
+GOLDEN = Path(__file__).parent / "data" / "harness_events.masked.jsonl"
+_VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us)": -?[0-9][0-9.e+-]*')
+
+
+def mask(data: bytes) -> bytes:
+    """The line bytes with the run-dependent values replaced by ``_``."""
+    return _VARIES.sub(lambda m: b'"' + m.group(1) + b'": _', data)
+
+
+def record_harness_workloads(out: Path) -> Path:
+    """The three workloads of the golden file, through the installed probe into ``out``."""
+    import vllm
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_probe import probe, testing
+    from vllm_probe.settings import ProbeFlags
+
+    rt = probe.Runtime(ProbeFlags(), probe.file_sink_factory(out))
+    probe.install(Scheduler, rt, vllm.__version__)
+    try:
+        s = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=12))
+        for i in range(3):
+            s.add_request(testing.make_request(40, 60, req_id=f"p{i}", seed=i))
+        testing.run_until_idle(s)
+        s = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=128, num_blocks=64))
+        s.add_request(testing.make_request(300, 5, req_id="c0", seed=10))
+        s.add_request(testing.make_request(20, 3, req_id="c1", seed=11))
+        testing.run_until_idle(s)
+        s = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=256, num_blocks=64,
+                                                         enable_prefix_caching=True))
+        prefix = [5 + i for i in range(64)]
+        s.add_request(testing.make_request(100, 4, req_id="x0", prefix=prefix, seed=20))
+        testing.run_until_idle(s)
+        s.add_request(testing.make_request(120, 4, req_id="x1", prefix=prefix, seed=21))
+        testing.run_until_idle(s)
+        rt.sink.close()
+    finally:
+        probe.uninstall(Scheduler)
+    (path,) = out.glob("events-*.jsonl")
+    return path
+
+
+@requires_vllm
+def test_hooks_and_sink_write_the_same_bytes_as_before(tmp_path):
+    import vllm
+
+    if vllm.__version__ != "0.32.0":
+        pytest.skip("the golden file was recorded on vLLM 0.32.0")
+    got = mask(record_harness_workloads(tmp_path).read_bytes()).splitlines()
+    want = GOLDEN.read_bytes().splitlines()
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"line {i + 1} differs"
+
+
+#: Lines of a real engine run (``examples/long_prompts.py`` with the tests' quick workload,
+#: vLLM 0.32 CPU, written as of commit 1649c4d): engine_config, 124 steps, 38 chunks,
+#: 4 preemptions, 8 requests added and finished.
+REAL_RUN = Path(__file__).parent / "data" / "real_run_lines.jsonl"
+
+
+def test_a_real_runs_events_render_to_the_same_bytes(tmp_path):
+    """Each event of a real run, emitted again with its recorded values, is written as
+    the same line (the sink stamps its own ``pid``)."""
+    import json
+
+    from vllm_probe.events import KINDS
+    from vllm_probe.sink import EventSink
+
+    want = REAL_RUN.read_bytes().splitlines()
+    sink = EventSink(tmp_path / "events.jsonl")
+    for raw in want:
+        ev = json.loads(raw)
+        kind = KINDS[ev["event"]]
+        sink.emit(kind, ev["ts"], ev["engine"], tuple(ev.get(f.name) for f in kind.fields))
+    sink.close()
+    got = [line for line in (tmp_path / "events.jsonl").read_bytes().splitlines()
+           if b'"event": "probe_stats"' not in line]
+    pid = re.compile(rb'"pid": [0-9]+')
+    assert len(got) == len(want) == 183
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert pid.sub(b"", g) == pid.sub(b"", w), f"line {i + 1} differs"
