@@ -36,4 +36,4 @@ compat: setup
 	$(PY) -m tests.compat $(COMPAT_ARGS)
 
 docs: setup
-	$(PY) -m vllm_probe.events > docs/events.md
+	$(PY) -m vllm_probe.schema.events > docs/events.md

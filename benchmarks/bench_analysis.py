@@ -7,7 +7,7 @@ Generates runs of two data-parallel engine cores (two ``events-<pid>.jsonl`` fil
 interleaved timestamps, as ``vllm-probe run`` writes them) from a small scheduler model:
 requests arrive in bursts, long prompts are cut into prefill chunks by a token budget,
 running requests decode one token per step, and the KV cache preempts (recompute) when
-full. The lines are written in the probe's own format (``vllm_probe.events`` fields, in
+full. The lines are written in the probe's own format (``vllm_probe.schema.events`` fields, in
 order); most are ``step`` events, as in a real decode-heavy run.
 
 Each measurement runs in a fresh child process, which reports wall time (events read
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import msgspec
 
-from vllm_probe.events import KINDS, SCHEMA_VERSION
+from vllm_probe.schema.events import KINDS, SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
@@ -170,25 +170,25 @@ def generate_run(run_dir: Path, n_events: int, engines: int = 2, seed: int = 0) 
 _CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from vllm_probe.reader import ReadStats
+from vllm_probe.runs.reader import ReadStats
 what, run_dir, out = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-import vllm_probe.export, vllm_probe.summary, vllm_probe.perfetto  # imports before the baseline
+import vllm_probe.exporters.jsonl, vllm_probe.analysis.summary, vllm_probe.exporters.perfetto  # imports before the baseline
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 stats = ReadStats()
 t, c = time.perf_counter(), time.process_time()
 if what == "export":
-    vllm_probe.export.export_jsonl(run_dir, out, stats=stats)
+    vllm_probe.exporters.jsonl.export_jsonl(run_dir, out, stats=stats)
 elif what == "export-gz":
-    vllm_probe.export.export_jsonl(run_dir, out + ".gz", stats=stats)
+    vllm_probe.exporters.jsonl.export_jsonl(run_dir, out + ".gz", stats=stats)
 elif what == "summary":
-    vllm_probe.summary.summarize(run_dir, stats)
+    vllm_probe.analysis.summary.summarize(run_dir, stats)
 elif what == "perfetto":
-    vllm_probe.perfetto.export_perfetto(run_dir, out, stats=stats)
+    vllm_probe.exporters.perfetto.export_perfetto(run_dir, out, stats=stats)
 elif what in ("read", "read+state"):  # summary's parts, for the breakdown
     import gc, itertools
-    from vllm_probe.reader import iter_file
-    from vllm_probe.rundir import event_files
-    from vllm_probe.state import RunState
+    from vllm_probe.runs.reader import iter_file
+    from vllm_probe.runs.rundir import event_files
+    from vllm_probe.analysis.state import RunState
     gc.disable()
     apply = RunState(step_window=0).apply if what == "read+state" else (lambda ev: None)
     for ev in itertools.chain.from_iterable(iter_file(p, stats, typed=True) for p in event_files(run_dir)):
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *verdict,
             "",
-            "Every reader decodes each line into its kind's typed record (`vllm_probe/typed.py`: msgspec "
+            "Every reader decodes each line into its kind's typed record (`vllm_probe/schema/records.py`: msgspec "
             "Structs generated from the event schema, which check every field's JSON type; about 0.6 µs "
             "per line against 1.2 µs for a dict). `export` writes the valid lines verbatim (no re-encoding) "
             "after a heap merge across files; memory: one pending line per file. `summary` feeds the "

@@ -12,7 +12,7 @@ with its recompute pass, requests arriving to keep the waiting queue at ~8): mos
 ``request_finished`` among them.
 
 The stream is appended to an event file in blocks while the consumer of ``vllm-probe
-tail`` (:class:`vllm_probe.live.Watcher`: ``Follower`` → typed records →
+tail`` (:class:`vllm_probe.tui.watch.Watcher`: ``Follower`` → typed records →
 ``RunState.apply``) reads it, and the dashboard is rendered to a 160×50 terminal (ANSI
 colours, written to memory) once every ``steps-per-s / refresh`` steps. Only the
 consumer's CPU time is counted (``time.process_time`` around reading and rendering);
@@ -45,8 +45,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from vllm_probe.dashboard import View, render_dashboard
-from vllm_probe.live import Watcher
+from vllm_probe.tui.dashboard import View, render_dashboard
+from vllm_probe.tui.watch import Watcher
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"

@@ -4,7 +4,7 @@
     python -m benchmarks.bench_overhead --quick    # CI: checks that it runs, not the numbers
     python benchmarks/bench_overhead.py --micro-only
 
-**Micro** -- vLLM's real ``Scheduler`` driven without a model (``vllm_probe.testing``),
+**Micro** -- vLLM's real ``Scheduler`` driven without a model (``vllm_probe.sim.harness``),
 at 16, 64 and 256 running requests, for two mixes:
 
 * ``decode``: every running request decodes (the common steady state);
@@ -15,9 +15,9 @@ at 16, 64 and 256 running requests, for two mixes:
 
 One scheduler runs the workload; blocks of 20 steps alternate between A (vLLM's own
 methods on the class) and B (the probe installed: all flags on, the real
-:class:`~vllm_probe.sink.EventSink` writing JSON lines to a temp file, its writer thread
+:class:`~vllm_probe.engine.sink.EventSink` writing JSON lines to a temp file, its writer thread
 running), A B, B A, ... for 50 rounds in one process, switched with
-:func:`vllm_probe.probe.install` / :func:`~vllm_probe.probe.uninstall` (A never goes
+:func:`vllm_probe.engine.hooks.install` / :func:`~vllm_probe.engine.hooks.uninstall` (A never goes
 through a wrapper; one instance for both, because two instances of the same workload
 differ by a few percent on their own). Reported per case: the median µs of one
 ``schedule()`` call and of a whole step (``add_request`` of new arrivals +
@@ -109,7 +109,7 @@ class Workload:
     """A deterministic workload for one scheduler; identical for A and B."""
 
     def __init__(self, mix: str, n: int, total_steps: int) -> None:
-        from vllm_probe import testing
+        from vllm_probe.sim import harness as testing
 
         self.mix, self.n = mix, n
         self.decoders = n if mix == "decode" else max(n - STREAM_SLOTS, 0)
@@ -124,7 +124,7 @@ class Workload:
         self.next_stream = 0
 
     def build(self) -> Any:
-        from vllm_probe import testing
+        from vllm_probe.sim import harness as testing
 
         sched = testing.make_scheduler(self.spec)
         for i in range(self.decoders):
@@ -136,7 +136,7 @@ class Workload:
         """New requests to add before the next step (prefill mix: keep the queue 4 deep)."""
         if self.mix != "prefill":
             return []
-        from vllm_probe import testing
+        from vllm_probe.sim import harness as testing
 
         new = []
         while len(sched.waiting) + len(new) < STREAM_DEPTH:
@@ -161,7 +161,7 @@ class _Driver:
 
     def run(self, steps: int, into: dict[str, list[float]] | None = None) -> None:
         """``steps`` steps; their timings are appended to ``into`` (None: not recorded)."""
-        from vllm_probe.testing import fake_model_output
+        from vllm_probe.sim.harness import fake_model_output
 
         pc, tt = time.perf_counter, time.thread_time
         s, w = self.sched, self.w
@@ -199,7 +199,7 @@ def _thread_cpu(sink: Any) -> float:
 def _scheduler_class() -> type:
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_probe import probe
+    from vllm_probe.engine import hooks as probe
 
     if getattr(Scheduler.schedule, probe.WRAPPED_ATTR, None) is not None:
         raise RuntimeError("Scheduler is already patched in this process; run the benchmark alone")
@@ -218,9 +218,9 @@ def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_d
     dropped), as the probe would have done itself. ``probe_on=False`` leaves the probe
     out of B as well: an A/A run whose ratios show the noise floor.
     """
-    from vllm_probe import probe
+    from vllm_probe.engine import hooks as probe
     from vllm_probe.settings import ProbeFlags
-    from vllm_probe.sink import EventSink
+    from vllm_probe.engine.sink import EventSink
 
     cls = _scheduler_class()
     flags = ProbeFlags()  # every event kind on, default queue capacity
@@ -319,9 +319,9 @@ def queue_memory(capacity: int | None = None) -> dict[str, float]:
     """
     import tracemalloc
 
-    from vllm_probe.events import STEP
+    from vllm_probe.schema.events import STEP
     from vllm_probe.settings import ProbeFlags
-    from vllm_probe.sink import EventSink
+    from vllm_probe.engine.sink import EventSink
 
     capacity = capacity or ProbeFlags().queue_capacity
     with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-mem-") as tmp:
@@ -382,7 +382,7 @@ class _Engine:
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
-        from vllm_probe.tiny_model import write_tiny_model
+        from vllm_probe.sim.tiny_model import write_tiny_model
 
         self.cfg = cfg
         self.llm = LLM(
@@ -510,7 +510,7 @@ def run_e2e(cfg: E2EConfig, pairs: int, log: Callable[[str], None] | None = None
     on off, ..., the other engine idle meanwhile. ``probe_on=False``: both without the
     probe (A/A)."""
     from vllm_probe import envvars
-    from vllm_probe.launcher import probe_env
+    from vllm_probe.runs.launcher import probe_env
     from vllm_probe.settings import ProbeFlags, Settings
 
     with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-e2e-") as tmp:

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_probe.tiny_model import write_tiny_model
+    from vllm_probe.sim.tiny_model import write_tiny_model
 
     model = cfg["model"] or str(write_tiny_model())
     llm = LLM(

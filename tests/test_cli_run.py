@@ -61,7 +61,7 @@ def test_shorthand_runs_the_command_in_a_new_run_dir(tmp_path):
 
 
 def test_the_default_run_is_the_newest_started_nested_ones_included(tmp_path):
-    from vllm_probe.rundir import latest_run
+    from vllm_probe.runs.rundir import latest_run
 
     def run(path, start):
         path.mkdir(parents=True)

@@ -13,8 +13,8 @@ import pytest
 from tests._events import scenario_chunked
 from tests.conftest import QUICK_WORKLOAD, ROOT, requires_vllm
 from vllm_probe.cli.compare import command_differences, comparison, config_differences, delta
-from vllm_probe.rundir import write_meta
-from vllm_probe.summary import FIGURES, summarize
+from vllm_probe.runs.rundir import write_meta
+from vllm_probe.analysis.summary import FIGURES, summarize
 
 LARGE_BUDGET = "1024"
 

@@ -9,10 +9,10 @@ import pytest
 from rich.console import Console
 
 from tests.test_state import hand_stream, upto
-from vllm_probe.dashboard import View, bucket_steps, budget_bar, render_dashboard, token_chart
-from vllm_probe.plain import PlainFormatter
-from vllm_probe.reader import Follower, ReadStats, iter_run
-from vllm_probe.state import RunState
+from vllm_probe.tui.dashboard import View, bucket_steps, budget_bar, render_dashboard, token_chart
+from vllm_probe.tui.plain import PlainFormatter
+from vllm_probe.runs.reader import Follower, ReadStats, iter_run
+from vllm_probe.analysis.state import RunState
 
 META = {"command": ["python", "examples/long_prompts.py"], "start_time": 98.0, "end_time": None}
 
@@ -152,7 +152,7 @@ def test_budget_bar_and_chart_pieces():
     bar = budget_bar(prefill=500, decode=12, scheduled=512, budget=1024, width=20)
     assert bar.plain == "█" * 10 + "█" + "░" * 9  # 10 prefill cells, 1 decode cell, rest unused
     assert bar.spans[0].end == 10
-    from vllm_probe.state import StepRecord
+    from vllm_probe.analysis.state import StepRecord
 
     recs = [StepRecord(i, float(i), 8, 8, 8, 0, 1, 0, 0.5, 1.0, 0, "token_budget") for i in range(3)]
     recs.append(StepRecord(3, 3.0, 2, 8, 0, 2, 1, 0, 0.5, 1.0, 0, "none"))

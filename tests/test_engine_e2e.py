@@ -9,8 +9,8 @@ from collections import Counter, defaultdict
 import pytest
 
 from tests.conftest import QUICK_WORKLOAD, SERVER_MAX_TOKENS, SERVER_REQUESTS, requires_vllm
-from vllm_probe.reader import ReadStats, iter_file, iter_run
-from vllm_probe.rundir import event_files
+from vllm_probe.runs.reader import ReadStats, iter_file, iter_run
+from vllm_probe.runs.rundir import event_files
 
 pytestmark = [requires_vllm, pytest.mark.engine]
 

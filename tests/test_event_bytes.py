@@ -32,7 +32,9 @@ def record_harness_workloads(out: Path) -> Path:
     import vllm
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     rt = probe.Runtime(ProbeFlags(), probe.file_sink_factory(out))
@@ -84,8 +86,8 @@ def test_a_real_runs_events_render_to_the_same_bytes(tmp_path):
     the same line (the sink stamps its own ``pid``)."""
     import json
 
-    from vllm_probe.events import KINDS
-    from vllm_probe.sink import EventSink
+    from vllm_probe.schema.events import KINDS
+    from vllm_probe.engine.sink import EventSink
 
     want = REAL_RUN.read_bytes().splitlines()
     sink = EventSink(tmp_path / "events.jsonl")

@@ -11,12 +11,12 @@ import tracemalloc
 
 import pytest
 
-import vllm_probe.reader as reader
+import vllm_probe.runs.reader as reader
 from tests._events import Stream, scenario_chunked, scenario_preempt
 from tests.conftest import ROOT
-from vllm_probe.export import ExportError, Filters, export_jsonl
-from vllm_probe.reader import ReadStats, iter_file, iter_run, iter_run_lines, parse_line
-from vllm_probe.typed import to_dict
+from vllm_probe.exporters.jsonl import ExportError, Filters, export_jsonl
+from vllm_probe.runs.reader import ReadStats, iter_file, iter_run, iter_run_lines, parse_line
+from vllm_probe.schema.records import to_dict
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -32,9 +32,9 @@ import pytest
 
 from tests.conftest import (EXAMPLE, QUICK_WORKLOAD, SENTINEL, SERVER_REQUESTS, requires_vllm,
                             serve_under_probe, vllm_probe_cmd)
-from vllm_probe.events import COMMON_FIELDS, KINDS
-from vllm_probe.rundir import event_files
-from vllm_probe.sink import FLUSH_INTERVAL_S
+from vllm_probe.schema.events import COMMON_FIELDS, KINDS
+from vllm_probe.runs.rundir import event_files
+from vllm_probe.engine.sink import FLUSH_INTERVAL_S
 
 pytestmark = [requires_vllm, pytest.mark.engine]
 

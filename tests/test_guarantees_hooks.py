@@ -37,7 +37,8 @@ def scheduler_cls():
 @pytest.fixture(scope="module")
 def baseline(scheduler_cls):
     """The workload's trace with the probe not installed."""
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
 
     assert not hasattr(scheduler_cls.schedule, probe.WRAPPED_ATTR)
     t = trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
@@ -48,7 +49,8 @@ def baseline(scheduler_cls):
 @pytest.fixture
 def installed(scheduler_cls):
     """install(cls=Scheduler, flags=all on) into a MemorySink; uninstalled afterwards."""
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     classes = []
@@ -80,7 +82,8 @@ FAULTS = {
 
 @pytest.mark.parametrize("hook", list(FAULTS))
 def test_a_failing_hook_switches_off_alone(hook, installed, baseline, monkeypatch, caplog):
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
 
     method, owned = FAULTS[hook]
     calls = []
@@ -131,7 +134,8 @@ def test_a_failing_hook_switches_off_alone(hook, installed, baseline, monkeypatc
 
 def test_a_failing_engine_config_hook_leaves_the_scheduler_untouched(installed, baseline, monkeypatch, caplog):
     """No probe can be attached: one warning at once (not silence), vLLM unaffected."""
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
 
     def broken(self, rt, sched):
         raise AttributeError("'SchedulerConfig' object has no attribute 'max_num_seqs'")
@@ -149,8 +153,9 @@ def test_a_failing_engine_config_hook_leaves_the_scheduler_untouched(installed, 
 
 def test_hook_errors_reach_probe_stats(installed, baseline, monkeypatch, tmp_path):
     """The final statistics name the hook that failed and was switched off."""
-    from vllm_probe import probe, testing
-    from vllm_probe.sink import EventSink
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
+    from vllm_probe.engine.sink import EventSink
 
     monkeypatch.setattr(probe.SchedulerProbe, "on_added", lambda self, req: 1 / 0)
     _, rt, _ = installed()
@@ -182,7 +187,7 @@ def stand_in(scheduler_cls, name, drop=(), replace=None):
 
 
 def test_missing_preempt_target_warns_and_other_hooks_work(installed, scheduler_cls, baseline, caplog):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     cls = stand_in(scheduler_cls, "OldScheduler", drop=("_preempt_request",))
     caplog.set_level(logging.WARNING, logger="vllm_probe")
@@ -201,7 +206,7 @@ def test_missing_preempt_target_warns_and_other_hooks_work(installed, scheduler_
 
 
 def test_changed_signature_warns_and_other_hooks_work(installed, scheduler_cls, baseline, caplog):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     real = scheduler_cls._preempt_request
 
@@ -223,7 +228,8 @@ def test_changed_signature_warns_and_other_hooks_work(installed, scheduler_cls, 
 
 
 def test_required_target_changed_patches_nothing(installed, scheduler_cls, baseline, caplog):
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
 
     real = scheduler_cls.__init__
 
@@ -245,7 +251,8 @@ def test_required_target_changed_patches_nothing(installed, scheduler_cls, basel
 @pytest.fixture
 def plugin_env(monkeypatch, tmp_path, scheduler_cls):
     """VLLMPROBE_ENABLE=1 with a run dir under tmp_path; the plugin's patch undone after."""
-    from vllm_probe import plugin, probe
+    from vllm_probe import plugin
+    from vllm_probe.engine import hooks as probe
 
     run_dir = tmp_path / "run"
     monkeypatch.setenv("VLLMPROBE_ENABLE", "1")
@@ -262,7 +269,9 @@ def plugin_env(monkeypatch, tmp_path, scheduler_cls):
 def test_untested_release_is_said_once(plugin_env, monkeypatch, caplog):
     import vllm
 
-    from vllm_probe import plugin, testing
+    from vllm_probe import plugin
+
+    from vllm_probe.sim import harness as testing
 
     monkeypatch.setattr(vllm, "__version__", "0.34.0")  # newer than compat.NEWEST_TESTED
     caplog.set_level(logging.WARNING, logger="vllm_probe")
@@ -277,7 +286,9 @@ def test_untested_release_is_said_once(plugin_env, monkeypatch, caplog):
 def test_too_old_release_patches_nothing(plugin_env, monkeypatch, caplog, scheduler_cls):
     import vllm
 
-    from vllm_probe import plugin, probe
+    from vllm_probe import plugin
+
+    from vllm_probe.engine import hooks as probe
 
     monkeypatch.setattr(vllm, "__version__", "0.11.2")
     caplog.set_level(logging.WARNING, logger="vllm_probe")
@@ -291,7 +302,9 @@ def test_too_old_release_patches_nothing(plugin_env, monkeypatch, caplog, schedu
 
 
 def test_register_twice_and_a_second_copy_wrap_once(plugin_env, scheduler_cls, baseline, monkeypatch):
-    from vllm_probe import plugin, probe, testing
+    from vllm_probe import plugin
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     plugin.register()
@@ -345,8 +358,8 @@ def test_a_process_without_scheduler_writes_nothing(tmp_path):
 
 def test_events_hold_no_token_ids(installed):
     """Field names come from the schema only, and no value is a list of numbers."""
-    from vllm_probe import testing
-    from vllm_probe.events import COMMON_FIELDS, KINDS
+    from vllm_probe.sim import harness as testing
+    from vllm_probe.schema.events import COMMON_FIELDS, KINDS
 
     sink, _, _ = installed()
     sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=12))
@@ -372,7 +385,11 @@ def test_the_probe_creates_no_socket(plugin_env, scheduler_cls):
     and the sink writes and closes."""
     import sys
 
-    from vllm_probe import plugin, probe, testing
+    from vllm_probe import plugin
+
+    from vllm_probe.engine import hooks as probe
+
+    from vllm_probe.sim import harness as testing
 
     sched0 = testing.make_scheduler(testing.SchedulerSpec(**SPEC))  # vLLM's own start-up, unprobed
     seen = []

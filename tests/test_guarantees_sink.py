@@ -35,8 +35,8 @@ import pytest
 
 from tests._workload import SPEC, probe_warnings, trace, workload
 from tests.conftest import ROOT, requires_vllm
-from vllm_probe.events import STEP
-from vllm_probe.sink import FLUSH_INTERVAL_S, STOPPING_FLUSH_INTERVAL_S, EventSink
+from vllm_probe.schema.events import STEP
+from vllm_probe.engine.sink import FLUSH_INTERVAL_S, STOPPING_FLUSH_INTERVAL_S, EventSink
 
 VARYING = {"arrival_ts", "schedule_us"}  # differ between two runs of the same workload
 
@@ -56,7 +56,8 @@ def scheduler_cls():
 @pytest.fixture(scope="module")
 def reference(scheduler_cls):
     """(trace without the probe, events of the probed run in a MemorySink)."""
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     baseline = trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
@@ -73,7 +74,7 @@ def reference(scheduler_cls):
 @pytest.fixture
 def probed(scheduler_cls):
     """install() with a sink factory of the test's choosing; uninstalled afterwards."""
-    from vllm_probe import probe
+    from vllm_probe.engine import hooks as probe
     from vllm_probe.settings import ProbeFlags
 
     made = []
@@ -108,8 +109,8 @@ def as_comparable(events):
 
 @requires_vllm
 def test_nothing_lost_on_a_healthy_disk(probed, reference, tmp_path):
-    from vllm_probe import testing
-    from vllm_probe.probe import file_sink_factory
+    from vllm_probe.sim import harness as testing
+    from vllm_probe.engine.hooks import file_sink_factory
 
     baseline, expected = reference
     rt = probed(file_sink_factory(tmp_path / "run"))
@@ -134,8 +135,8 @@ def _denied(path):
 @requires_vllm
 @pytest.mark.parametrize("how", ["parent is a file", "permission denied"])
 def test_unwritable_run_dir(how, probed, reference, tmp_path, caplog):
-    from vllm_probe import testing
-    from vllm_probe.probe import file_sink_factory
+    from vllm_probe.sim import harness as testing
+    from vllm_probe.engine.hooks import file_sink_factory
 
     baseline, expected = reference
     caplog.set_level(logging.WARNING, logger="vllm_probe")
@@ -158,8 +159,8 @@ def test_unwritable_run_dir(how, probed, reference, tmp_path, caplog):
 
 @requires_vllm
 def test_run_dir_removed_mid_run(probed, reference, tmp_path, caplog):
-    from vllm_probe import testing
-    from vllm_probe.probe import file_sink_factory
+    from vllm_probe.sim import harness as testing
+    from vllm_probe.engine.hooks import file_sink_factory
 
     baseline, expected = reference
     caplog.set_level(logging.WARNING, logger="vllm_probe")
@@ -205,7 +206,7 @@ class _DiskFull:
 
 @requires_vllm
 def test_disk_full(probed, reference, tmp_path, caplog):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     baseline, expected = reference
     caplog.set_level(logging.WARNING, logger="vllm_probe")
@@ -256,7 +257,7 @@ def test_a_hung_disk_does_not_hang_a_stop_signal_or_the_exit(tmp_path, caplog):
     """The writer thread is stuck in write() for good: the stop-signal checkpoint and
     close() give up after a bounded wait (close: the 5 s join plus STALL_WAIT_S) and
     say what was lost, instead of holding vLLM's shutdown forever."""
-    from vllm_probe.sink import STALL_WAIT_S
+    from vllm_probe.engine.sink import STALL_WAIT_S
 
     caplog.set_level(logging.WARNING, logger="vllm_probe")
     stalled = []
@@ -352,7 +353,7 @@ def test_flood_against_a_stalled_writer_is_bounded_and_counted(tmp_path):
 
 @requires_vllm
 def test_small_queue_on_the_real_scheduler_counts_every_drop(probed, reference, tmp_path):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     baseline, expected = reference
@@ -377,9 +378,9 @@ def test_small_queue_on_the_real_scheduler_counts_every_drop(probed, reference, 
 #: core does (it goes on stepping and aborting until its parent SIGKILLs it).
 _CHILD = textwrap.dedent("""
     import mmap, signal, struct, sys, time
-    from vllm_probe.events import STEP
-    from vllm_probe.signals import on_stop_signals
-    from vllm_probe.sink import EventSink
+    from vllm_probe.schema.events import STEP
+    from vllm_probe.engine.signals import on_stop_signals
+    from vllm_probe.engine.sink import EventSink
     sink = EventSink(sys.argv[1])
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     on_stop_signals(sink.checkpoint)

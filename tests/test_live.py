@@ -86,7 +86,7 @@ def test_ctrl_c_sends_sigint_then_sigterm(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     out = tmp_path / "run"
-    code = (f"import sys; from pathlib import Path; from vllm_probe.live import run_live; "
+    code = (f"import sys; from pathlib import Path; from vllm_probe.tui.watch import run_live; "
             f"from vllm_probe.settings import load_settings; "
             f"sys.exit(run_live([sys.executable, {str(script)!r}], load_settings(None), Path({str(out)!r}), "
             f"grace_s=1.0))")

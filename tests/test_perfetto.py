@@ -14,8 +14,8 @@ import pytest
 
 from tests._events import scenario_chunked, scenario_preempt
 from tests.conftest import ROOT, requires_vllm
-from vllm_probe.perfetto import SCHED_TID, build_trace, export_perfetto
-from vllm_probe.reader import ReadStats
+from vllm_probe.exporters.perfetto import SCHED_TID, build_trace, export_perfetto
+from vllm_probe.runs.reader import ReadStats
 
 METADATA_NAMES = {"process_name", "process_labels", "process_sort_index", "thread_name", "thread_sort_index"}
 

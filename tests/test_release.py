@@ -56,7 +56,9 @@ def test_plugin_on_this_release(plugin_env, caplog):
     """Supported release: every target patched, events written. Older: one warning, no patch."""
     import vllm
 
-    from vllm_probe import compat, plugin, probe
+    from vllm_probe.engine import compat, hooks as probe
+
+    from vllm_probe import plugin
 
     version = vllm.__version__
     supported = compat.parse_version(version) >= compat.MIN_SUPPORTED
@@ -79,7 +81,7 @@ def test_plugin_on_this_release(plugin_env, caplog):
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     try:
         wrapped = {t.method for t in compat.TARGETS

@@ -1,4 +1,4 @@
-"""The hooks on vLLM's real Scheduler, driven without a model (vllm_probe.testing).
+"""The hooks on vLLM's real Scheduler, driven without a model (vllm_probe.sim.harness).
 
 Oracles are independent of the probe: the test loop snapshots the scheduler (computed
 tokens of every running request before each step; queue lengths and scheduled tokens
@@ -28,7 +28,9 @@ def probed(vllm_mod):
     """Install the probe with all flags on into a MemorySink; uninstall afterwards."""
     import vllm
 
-    from vllm_probe import probe, testing
+    from vllm_probe.engine import hooks as probe
+
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     def make(flags: ProbeFlags | None = None):
@@ -44,7 +46,7 @@ def probed(vllm_mod):
 
 def drive(sched, requests, max_steps=5000):
     """Run to idle, recording independent snapshots per step index."""
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     for r in requests:
         sched.add_request(r)
@@ -123,7 +125,7 @@ def assert_step_invariants(sink, after, budget):
 
 def test_exact_chunk_boundaries_two_requests(probed):
     """Budget 128: a 300-token prompt is cut 128/128/44; the 50-token one fits beside the 44."""
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
     sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=128, num_blocks=200))
@@ -150,7 +152,7 @@ def test_exact_chunk_boundaries_two_requests(probed):
 
 
 def test_chunks_tile_prompts_and_steps_add_up(probed):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
     sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=96, num_blocks=300))
@@ -171,7 +173,7 @@ def test_chunks_tile_prompts_and_steps_add_up(probed):
 
 def test_prefix_cache_hit_on_first_chunk(probed):
     """With prefix caching, a prompt sharing 64 tokens (4 blocks of 16) starts at 64."""
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
     sched = testing.make_scheduler(testing.SchedulerSpec(
@@ -186,7 +188,7 @@ def test_prefix_cache_hit_on_first_chunk(probed):
 
 def test_preemptions_name_victim_and_discarded_tokens(probed):
     """KV of 11 usable blocks, 3 requests growing to 7 blocks each: vLLM must preempt."""
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
     sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=12))
@@ -236,7 +238,7 @@ def test_preemptions_name_victim_and_discarded_tokens(probed):
 
 
 def test_engine_config_reports_effective_settings(probed):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
     testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=80, max_num_seqs=7, num_blocks=33, block_size=16))
@@ -258,7 +260,7 @@ def test_engine_config_reports_effective_settings(probed):
     ("log_request_events", "request_added"),
 ])
 def test_each_flag_off_removes_only_its_events(probed, flag, kind):
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
     sink, _ = probed(ProbeFlags(**{flag: False}))
@@ -276,7 +278,7 @@ def test_async_scheduler_wrapped_once(probed):
     """AsyncScheduler calls super(): one step event per schedule(), no duplicate chunks."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from vllm_probe import testing
+    from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
     sched = testing.make_scheduler(
@@ -294,7 +296,7 @@ def test_async_scheduler_wrapped_once(probed):
 
 
 def test_install_is_idempotent(probed, vllm_mod):
-    from vllm_probe import probe
+    from vllm_probe.engine import hooks as probe
 
     _, rt = probed()
     wrapped = vllm_mod.schedule

@@ -1,13 +1,13 @@
-"""docs/events.md is generated from vllm_probe.events and must stay in sync."""
+"""docs/events.md is generated from vllm_probe.schema.events and must stay in sync."""
 
 from pathlib import Path
 
-from vllm_probe.events import COMMON_FIELDS, KINDS, render_markdown
+from vllm_probe.schema.events import COMMON_FIELDS, KINDS, render_markdown
 
 
 def test_docs_events_md_is_current():
     doc = Path(__file__).resolve().parents[1] / "docs" / "events.md"
-    assert doc.read_text() == render_markdown(), "run `make docs` (python -m vllm_probe.events > docs/events.md)"
+    assert doc.read_text() == render_markdown(), "run `make docs` (python -m vllm_probe.schema.events > docs/events.md)"
 
 
 def test_every_field_has_unit_and_doc():

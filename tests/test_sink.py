@@ -6,8 +6,8 @@ import json
 import os
 import stat
 
-from vllm_probe.events import CHUNK, SCHEMA_VERSION, STEP
-from vllm_probe.sink import EventSink
+from vllm_probe.schema.events import CHUNK, SCHEMA_VERSION, STEP
+from vllm_probe.engine.sink import EventSink
 
 
 def step_values(i):

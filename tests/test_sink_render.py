@@ -8,9 +8,9 @@ import math
 
 import structlog
 
-from vllm_probe.events import (CHUNK, ENGINE_CONFIG, PREEMPT, PROBE_STATS, REQUEST_ADDED,
+from vllm_probe.schema.events import (CHUNK, ENGINE_CONFIG, PREEMPT, PROBE_STATS, REQUEST_ADDED,
                                REQUEST_FINISHED, SCHEMA_VERSION, STEP)
-from vllm_probe.sink import EventSink
+from vllm_probe.engine.sink import EventSink
 
 
 class Opaque:

@@ -1,4 +1,4 @@
-"""vllm_probe.state on a small hand-made event stream with exact expected numbers.
+"""vllm_probe.analysis.state on a small hand-made event stream with exact expected numbers.
 
 The stream (budget 8 tokens, one engine core):
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_probe.state import DECODE, FINISHED, PREEMPTED, PREFILL, RunState
+from vllm_probe.analysis.state import DECODE, FINISHED, PREEMPTED, PREFILL, RunState
 
 BUDGET = 8
 
@@ -220,7 +220,7 @@ def test_probe_stats_count_the_last_line_per_file():
 
 def test_requests_finish_from_step_ids_when_request_events_are_off():
     """With log_request_events off, a step's `finished` ids close the request (bounded memory)."""
-    from vllm_probe.state import RunState
+    from vllm_probe.analysis.state import RunState
 
     st = RunState()
     common = {"pid": 1, "engine": 0, "schema": 1}

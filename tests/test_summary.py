@@ -10,8 +10,8 @@ import pytest
 
 from tests._events import Stream, scenario_chunked, scenario_preempt
 from tests.conftest import ROOT, requires_vllm
-from vllm_probe.reader import ReadStats
-from vllm_probe.summary import (
+from vllm_probe.runs.reader import ReadStats
+from vllm_probe.analysis.summary import (
     Distribution, NoEventsError, quantile, quantile_from_counts, summarize, summarize_events,
 )
 
@@ -195,7 +195,7 @@ def test_summary_cli_exit_codes_and_json(tmp_path):
 @requires_vllm
 @pytest.mark.engine
 def test_summary_of_a_real_run_agrees_with_its_events(quick_run):
-    from vllm_probe.reader import iter_run
+    from vllm_probe.runs.reader import iter_run
 
     evs = list(iter_run(quick_run, ReadStats()))
     stats = ReadStats()

@@ -39,8 +39,8 @@ def register() -> None:
 def _install_from_env() -> None:
     import vllm
 
-    from . import compat
-    from .probe import Runtime, default_run_dir, file_sink_factory, install
+    from .engine import compat
+    from .engine.hooks import Runtime, default_run_dir, file_sink_factory, install
     from .settings import ProbeFlags, SettingsError, load_settings
 
     version = getattr(vllm, "__version__", "unknown")

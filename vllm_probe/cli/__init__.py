@@ -25,7 +25,7 @@ import sys
 
 from .. import envvars
 from ..settings import SettingsError
-from ..rundir import RunDirError
+from ..runs.rundir import RunDirError
 
 #: subcommand -> (module, one-line help). Each module has add_arguments(p) and main(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -1,7 +1,7 @@
 """``vllm-probe compare RUN_DIR RUN_DIR [...] [--json]``: runs side by side (seed notes §4.4).
 
 On top, what differs between the runs' effective configs (``engine_config``) and command
-lines (``meta.json``); below, the figures of :data:`vllm_probe.summary.FIGURES` for each
+lines (``meta.json``); below, the figures of :data:`vllm_probe.analysis.summary.FIGURES` for each
 run, with the delta of every run against the first (the baseline), green when better,
 red when worse (for figures where one direction is better).
 
@@ -22,8 +22,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..rundir import resolve_run_dir
-from ..summary import CONFIG_KEYS, FIGURES, Figure, NoEventsError, Summary, summarize
+from ..runs.rundir import resolve_run_dir
+from ..analysis.summary import CONFIG_KEYS, FIGURES, Figure, NoEventsError, Summary, summarize
 from . import CliError, report_console
 from .export import _silence_stdout
 from .summary import fmt

@@ -1,9 +1,9 @@
 """``vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto] [filters]``.
 
 ``jsonl`` (default): every engine core's events merged into one stream ordered by
-``ts``, verbatim, filtered (see :mod:`vllm_probe.export`); a ``.gz`` output name is
+``ts``, verbatim, filtered (see :mod:`vllm_probe.exporters.jsonl`); a ``.gz`` output name is
 gzip-compressed. ``perfetto``: a Chrome/Perfetto trace-event JSON timeline (see
-:mod:`vllm_probe.perfetto`; the filters do not apply). Without ``-o`` the output is
+:mod:`vllm_probe.exporters.perfetto`; the filters do not apply). Without ``-o`` the output is
 ``RUN_DIR/events.jsonl`` or ``RUN_DIR/trace.json``; ``-o -`` writes to stdout.
 
 What was read and skipped goes to stderr (one line), so stdout stays clean for pipes.
@@ -20,9 +20,9 @@ import os
 import sys
 from pathlib import Path
 
-from ..export import ExportError, Filters, export_jsonl
-from ..reader import ReadStats
-from ..rundir import resolve_run_dir
+from ..exporters.jsonl import ExportError, Filters, export_jsonl
+from ..runs.reader import ReadStats
+from ..runs.rundir import resolve_run_dir
 from . import CliError
 
 EXIT_NO_EVENTS = 1
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
         if args.format == "perfetto":
             if any(v is not None for v in (args.events, args.request, args.from_step, args.to_step)):
                 raise CliError("--events/--request/--from-step/--to-step apply to --format jsonl only")
-            from ..perfetto import export_perfetto
+            from ..exporters.perfetto import export_perfetto
 
             result = export_perfetto(run_dir, out, stats=stats)
             written, what = result.trace_events, "trace events"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..launcher import LaunchError, resolve_command, run_foreground
+from ..runs.launcher import LaunchError, resolve_command, run_foreground
 from ..settings import load_settings
 from . import CliError
 
@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         resolve_command(command)
         if args.live:
-            from ..live import run_live
+            from ..tui.watch import run_live
 
             return run_live(command, settings, args.out)
         return run_foreground(command, settings, args.out)

@@ -1,6 +1,6 @@
 """``vllm-probe summary RUN_DIR [--json]``: one screen on a finished (or running) run.
 
-The numbers come from :func:`vllm_probe.summary.summarize` (definitions there); this
+The numbers come from :func:`vllm_probe.analysis.summary.summarize` (definitions there); this
 module only renders them. ``--json`` prints :meth:`Summary.to_dict` instead.
 
 Exit codes: 0 shown; 1 the run holds no readable event; 2 RUN_DIR missing.
@@ -19,8 +19,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..rundir import resolve_run_dir
-from ..summary import Distribution, NoEventsError, Summary, summarize
+from ..runs.rundir import resolve_run_dir
+from ..analysis.summary import Distribution, NoEventsError, Summary, summarize
 from . import CliError, report_console
 from .export import _silence_stdout
 

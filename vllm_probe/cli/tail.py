@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from ..rundir import resolve_run_dir
+from ..runs.rundir import resolve_run_dir
 from . import CliError
 
 
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     run_dir = resolve_run_dir(args.run_dir)
-    from .. import live
+    from ..tui import watch as live
 
     if args.engine is not None and args.engine < 0:
         raise CliError(f"--engine must be >= 0, got {args.engine}")

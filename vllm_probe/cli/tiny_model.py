@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..tiny_model import DEFAULT_DIR, write_tiny_model
+from ..sim.tiny_model import DEFAULT_DIR, write_tiny_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
-"""The live scheduling dashboard: a rich view over :class:`vllm_probe.state.RunState`.
+"""The live scheduling dashboard: a rich view over :class:`vllm_probe.analysis.state.RunState`.
 
 Pure: :func:`render_dashboard` turns a state (plus the run's ``meta.json`` and the
-reader's :class:`~vllm_probe.reader.ReadStats`) into one rich renderable sized for a
+reader's :class:`~vllm_probe.runs.reader.ReadStats`) into one rich renderable sized for a
 terminal of ``width`` × ``height`` cells. No I/O, no clock, no event handling: the
 caller (``vllm-probe tail``, ``vllm-probe run --live``) owns the loop, reads events,
 updates the state and passes ``now``.
@@ -38,8 +38,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from .reader import ReadStats
-from .state import (
+from ..runs.reader import ReadStats
+from ..analysis.state import (
     DECODE, FINISHED, PREEMPTED, PREFILL, WAITING,
     EngineState, RequestState, RunState, StepRecord, WindowStats,
 )

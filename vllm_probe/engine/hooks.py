@@ -1,6 +1,6 @@
 """The hooks: what happens inside vLLM's scheduler when the probe is installed.
 
-:func:`install` wraps the methods listed in :data:`vllm_probe.compat.TARGETS` on the
+:func:`install` wraps the methods listed in :data:`vllm_probe.engine.compat.TARGETS` on the
 base ``Scheduler`` class once, so subclasses that call ``super()`` (``AsyncScheduler``,
 the diffusion schedulers) are reached too. Each wrapper calls vLLM's original outside
 any ``try`` of ours and returns its result untouched; the probe's own work sits in a
@@ -24,9 +24,10 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable
 
-from . import __version__, compat, envvars
-from .events import CHUNK, ENGINE_CONFIG, PREEMPT, REQUEST_ADDED, REQUEST_FINISHED, STEP
-from .settings import ProbeFlags
+from .. import __version__, envvars
+from . import compat
+from ..schema.events import CHUNK, ENGINE_CONFIG, PREEMPT, REQUEST_ADDED, REQUEST_FINISHED, STEP
+from ..settings import ProbeFlags
 from .signals import on_stop_signals
 from .sink import EventSink
 

@@ -1,7 +1,7 @@
 """The analysis behind ``vllm-probe summary`` and ``vllm-probe compare``.
 
 :func:`summarize` streams a run's events (every engine core's file, one after the other:
-the state keeps engine cores apart, so no time-ordered merge is needed) through the shared :class:`~vllm_probe.state.RunState` and a few
+the state keeps engine cores apart, so no time-ordered merge is needed) through the shared :class:`~vllm_probe.analysis.state.RunState` and a few
 accumulators of its own, and returns a :class:`Summary`: plain numbers, JSON-ready with
 :meth:`Summary.to_dict`, rendered by ``cli/summary.py`` and ``cli/compare.py``. No view
 code lives here.
@@ -10,7 +10,7 @@ Memory grows with the number of distinct requests (one latency record each), not
 the number of steps: per-step figures are kept as exact histograms of
 ``(scheduled_tokens, token_budget)`` pairs.
 
-Definitions (event fields: docs/events.md; request timings: ``vllm_probe/state.py``):
+Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysis/state.py``):
 
 * **steps**: ``step`` events (calls of ``Scheduler.schedule()``), summed over engine
   cores. **duration_s**: from the start of the first step (its ``ts`` minus its
@@ -39,10 +39,10 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/state.p
   Example: a 5,000-token prompt cut 2,048 / 2,048 / 904 re-reads 2,048 + 4,096 =
   6,144 tokens. ``reread_per_prefill_token`` divides it by the prefill tokens of all
   chunks (the KV a single-shot prefill would write once and never re-read).
-* **latency** (per finished request, from :class:`~vllm_probe.state.RequestState`):
+* **latency** (per finished request, from :class:`~vllm_probe.analysis.state.RequestState`):
   queue time, time to first token (s and steps), decode time, mean inter-token time.
   Requests still running when the log ends are counted as ``unfinished`` and left out.
-* **bound by**: share of steps per limit of :func:`vllm_probe.state.bound_by`
+* **bound by**: share of steps per limit of :func:`vllm_probe.analysis.state.bound_by`
   (``token_budget``, ``max_num_seqs``, ``kv_cache``, ``none``); ``bound_most`` is the
   most frequent one.
 * Quantiles (median, p90) interpolate linearly between order statistics (numpy's default
@@ -58,10 +58,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .reader import ReadStats, iter_file
-from .rundir import event_files, read_meta
+from ..runs.reader import ReadStats, iter_file
+from ..runs.rundir import event_files, read_meta
 from .state import LIMITS, RequestState, RunState
-from .typed import ChunkEvent, PreemptEvent, from_dict
+from ..schema.records import ChunkEvent, PreemptEvent, from_dict
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -276,7 +276,7 @@ def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: 
                      meta: dict | None = None) -> Summary:
     """Summarize an iterable of events: each engine core's events in file order (engine
     cores may follow one another or interleave, as ``iter_run`` yields them). Events are
-    Structs of :mod:`vllm_probe.typed` (``iter_file(typed=True)``) or dicts (converted;
+    Structs of :mod:`vllm_probe.schema.records` (``iter_file(typed=True)``) or dicts (converted;
     skipped when a field has the wrong type).
 
     Python's cyclic garbage collector is paused meanwhile: the loop allocates an object

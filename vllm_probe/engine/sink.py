@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import structlog
 
-from .events import PROBE_STATS, SCHEMA_VERSION, EventKind
+from ..schema.events import PROBE_STATS, SCHEMA_VERSION, EventKind
 
 logger = logging.getLogger("vllm_probe")
 
@@ -359,7 +359,7 @@ class EventSink:
     def checkpoint(self) -> None:
         """Write what is queued and a ``probe_stats`` line now; the file stays open.
 
-        Called on SIGTERM/SIGINT (:func:`vllm_probe.signals.on_stop_signals`): vLLM's
+        Called on SIGTERM/SIGINT (:func:`vllm_probe.engine.signals.on_stop_signals`): vLLM's
         shutdown may SIGKILL the engine core right after (0.32's process manager does
         when the engine core does not exit at once), before ``atexit`` runs. From here
         on the sink is *stopping*: the writer wakes every

@@ -1,10 +1,10 @@
 """Watching a run: the follow / replay loops behind ``vllm-probe tail`` and ``run --live``.
 
 :class:`Watcher` reads a run directory (files that appear later included) into a
-:class:`~vllm_probe.state.RunState` and turns it into the dashboard
-(:func:`vllm_probe.dashboard.render_dashboard`) or ``--plain`` lines
-(:class:`vllm_probe.plain.PlainFormatter`). :func:`follow` and :func:`replay` drive it
-for ``tail``; :func:`run_live` starts a command (through :mod:`vllm_probe.launcher`)
+:class:`~vllm_probe.analysis.state.RunState` and turns it into the dashboard
+(:func:`vllm_probe.tui.dashboard.render_dashboard`) or ``--plain`` lines
+(:class:`vllm_probe.tui.plain.PlainFormatter`). :func:`follow` and :func:`replay` drive it
+for ``tail``; :func:`run_live` starts a command (through :mod:`vllm_probe.runs.launcher`)
 and shows the dashboard while it runs.
 
 The screen is redrawn at most ``refresh_hz`` times per second with rich's ``Live``
@@ -30,13 +30,13 @@ from rich.panel import Panel
 from rich.text import Text
 
 from .dashboard import View, fmt_duration, render_dashboard
-from .launcher import _exit_code, count_events, finish_run, spawn, start_run
+from ..runs.launcher import _exit_code, count_events, finish_run, spawn, start_run
 from .plain import PlainFormatter
-from .reader import Follower, ReadStats, iter_run, record_ts
-from .rundir import COMMAND_LOG, read_meta
-from .settings import Settings
-from .state import RunState
-from .typed import to_dict
+from ..runs.reader import Follower, ReadStats, iter_run, record_ts
+from ..runs.rundir import COMMAND_LOG, read_meta
+from ..settings import Settings
+from ..analysis.state import RunState
+from ..schema.records import to_dict
 
 #: Dashboard redraws per second (default of ``--refresh``).
 REFRESH_HZ = 4.0
@@ -78,7 +78,7 @@ class Watcher:
         self.behind = False  # the last pump stopped on its time budget with data left
 
     def apply(self, ev) -> None:
-        """Apply one event record (:mod:`vllm_probe.typed`) to the state and print its
+        """Apply one event record (:mod:`vllm_probe.schema.records`) to the state and print its
         plain line (if any)."""
         if self.engine is not None and ev.engine != self.engine:
             return
@@ -449,7 +449,7 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
     by signal N). When stdout is not a terminal, ``--plain`` lines are printed instead.
 
     Raises:
-        LaunchError, RunDirError: as :func:`vllm_probe.launcher.start_run`.
+        LaunchError, RunDirError: as :func:`vllm_probe.runs.launcher.start_run`.
     """
     console = console or Console()
     plain = not console.is_terminal

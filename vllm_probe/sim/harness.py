@@ -9,7 +9,7 @@ is absent. Imports vLLM lazily; raises ImportError when it is not installed.
 
 Release differences the harness adapts to (the compatibility suite, ``python -m
 tests.compat``, runs it on every minor release from 0.12; probe differences are in
-:mod:`vllm_probe.compat`). Constructor arguments are detected by signature, so each
+:mod:`vllm_probe.engine.compat`). Constructor arguments are detected by signature, so each
 release gets what it accepts; :func:`harness_adaptations` names those in use.
 
 * ``Request(eos_token_id=...)``: required up to 0.16, removed in 0.17.
@@ -250,7 +250,7 @@ def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:
 class MemorySink:
     """A sink that keeps events as ``(kind_name, fields_dict)`` in memory (tests, compat).
 
-    Same ``emit`` signature as :class:`vllm_probe.sink.EventSink`; the dicts hold every
+    Same ``emit`` signature as :class:`vllm_probe.engine.sink.EventSink`; the dicts hold every
     field of the kind, optional ones as None when absent.
     """
 

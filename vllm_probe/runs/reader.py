@@ -1,7 +1,7 @@
 """Reading event files: validated line parsing, time-ordered merging, live following.
 
 Shared by every consumer (dashboard, export, summary, timeline). Each line is decoded
-into the typed record of its kind (:mod:`vllm_probe.typed`), which checks every field's
+into the typed record of its kind (:mod:`vllm_probe.schema.records`), which checks every field's
 JSON type against the schema, so no consumer ever does arithmetic on a string. Consumers
 get those records (``typed=True``: the state model and the summary) or their dicts (the
 plain log, the timeline). Bad input never raises: a line that is not a JSON object (JSON
@@ -23,8 +23,8 @@ from typing import Any, Iterable, Iterator
 
 import msgspec
 
-from . import typed as _typed
-from .events import KINDS, SCHEMA_VERSION
+from ..schema import records as _typed
+from ..schema.events import KINDS, SCHEMA_VERSION
 from .rundir import event_files
 
 _decode_any = msgspec.json.Decoder().decode
@@ -60,7 +60,7 @@ class ReadStats:
 
 def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False) -> Any | None:
     """Decode one complete line: its event dict, or with ``typed`` its record
-    (:mod:`vllm_probe.typed`); None when it is skipped (counted in ``stats``).
+    (:mod:`vllm_probe.schema.records`); None when it is skipped (counted in ``stats``).
 
     This is the slow path that says why a line does not decode as a record; ``engine``
     absent or null reads as 0.
@@ -127,7 +127,7 @@ def _decode_lines(lines: Iterable[bytes], stats: ReadStats, with_lines: bool) ->
 
 def iter_file(path: Path, stats: ReadStats, typed: bool = False) -> Iterator:
     """Stream the events of one file in file order: dicts, or with ``typed`` the records
-    of :mod:`vllm_probe.typed` (what ``RunState`` and ``summary`` read fastest)."""
+    of :mod:`vllm_probe.schema.records` (what ``RunState`` and ``summary`` read fastest)."""
     if typed:
         return _read(path, stats, False)
     return map(_typed.to_dict, _read(path, stats, False))
@@ -183,7 +183,7 @@ class Follower:
 
     def poll(self, max_bytes: int | None = None, typed: bool = False) -> list:
         """Read what is new (at most ``max_bytes`` per file per call when given): event
-        dicts, or with ``typed`` records (:mod:`vllm_probe.typed`)."""
+        dicts, or with ``typed`` records (:mod:`vllm_probe.schema.records`)."""
         out: list = []
         for path in event_files(self.run_dir):
             self.stats.files.add(str(path))

@@ -5,7 +5,7 @@ every view agrees on what "queue time" or "time to first token" means. Memory is
 bounded for a run of any length: steps are kept in a rolling window, finished requests
 in a bounded list; consumers that need every finished request (the summary) register
 ``RunState.on_request_finished``. Events come in as the typed records of
-:mod:`vllm_probe.typed` (what the reader yields for the summary) or as dicts (live
+:mod:`vllm_probe.schema.records` (what the reader yields for the summary) or as dicts (live
 views, hand-made streams), which are converted first.
 
 Timing definitions (event fields in docs/events.md):
@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .typed import STRUCTS, from_dict, to_dict
+from ..schema.records import STRUCTS, from_dict, to_dict
 
 #: Default number of recent steps kept per engine.
 STEP_WINDOW = 600
@@ -376,7 +376,7 @@ class RunState:
         self.events = 0
         self.first_ts: float | None = None
         self.last_ts: float | None = None
-        self._handlers = {  # by Struct class (vllm_probe.typed)
+        self._handlers = {  # by Struct class (vllm_probe.schema.records)
             STRUCTS["engine_config"]: self._engine_config,
             STRUCTS["step"]: self._step,
             STRUCTS["chunk"]: self._chunk,
@@ -393,7 +393,7 @@ class RunState:
         return eng
 
     def apply(self, ev) -> None:
-        """Update the state with one event: a Struct of :mod:`vllm_probe.typed` (as
+        """Update the state with one event: a Struct of :mod:`vllm_probe.schema.records` (as
         ``reader.iter_file(typed=True)`` yields them) or an event dict (converted first;
         ignored when its kind is unknown or a field has the wrong type)."""
         if type(ev) is dict:

@@ -7,7 +7,7 @@ besides one pending line per file, the step filter keeps one integer per engine 
 
 Filters (all optional, combined with AND):
 
-* ``kinds``: keep only these event kinds (names of ``vllm_probe.events.KINDS``).
+* ``kinds``: keep only these event kinds (names of ``vllm_probe.schema.events.KINDS``).
 * ``request``: keep only events whose ``req_id`` is this id. ``engine_config`` lines
   are kept too (they are the context needed to read the rest), unless ``kinds``
   excludes them.
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
-from .events import KINDS
-from .reader import ReadStats, iter_run_lines
-from .rundir import event_files
+from ..schema.events import KINDS
+from ..runs.reader import ReadStats, iter_run_lines
+from ..runs.rundir import event_files
 
 #: gzip level for ``.gz`` output: 6 is ~3x faster than the default 9 for 1-2 % more bytes.
 GZIP_LEVEL = 6

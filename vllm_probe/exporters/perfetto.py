@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable
 
-from .reader import ReadStats, iter_run
-from .rundir import event_files, read_meta
+from ..runs.reader import ReadStats, iter_run
+from ..runs.rundir import event_files, read_meta
 
 #: Request tracks get thread ids from here on (above any OS pid, so no clash with them).
 TID_BASE = 10_000_000
@@ -391,7 +391,7 @@ def export_perfetto(run_dir: str | Path, out: str | Path, stats: ReadStats | Non
         PerfettoError: no event file in ``run_dir``.
         OSError: the output cannot be written.
     """
-    from .export import ExportError
+    from .jsonl import ExportError
 
     run_dir = Path(run_dir)
     stats = stats if stats is not None else ReadStats()

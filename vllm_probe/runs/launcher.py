@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import __version__, envvars
+from .. import __version__, envvars
 from .reader import ReadStats, iter_file
 from .rundir import META_FILE, RunDirError, create_run_dir, event_files, read_meta, write_meta
-from .settings import Settings
+from ..settings import Settings
 
 
 class LaunchError(Exception):

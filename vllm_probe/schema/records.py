@@ -1,6 +1,6 @@
-"""Typed events: one msgspec Struct per event kind, generated from :mod:`vllm_probe.events`.
+"""Typed events: one msgspec Struct per event kind, generated from :mod:`vllm_probe.schema.events`.
 
-Every reader (:mod:`vllm_probe.reader`) decodes each line into the Struct of its kind:
+Every reader (:mod:`vllm_probe.runs.reader`) decodes each line into the Struct of its kind:
 that checks each field's JSON type against the schema, takes about 60 % of the time of
 decoding a dict (no key objects, no hashing), and attribute reads are cheaper than
 ``dict.get`` — what brings ``summary`` over its 300,000 events/s target
@@ -27,7 +27,7 @@ _TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]
 
 
 def _struct(kind) -> type:
-    """The Struct of one :class:`~vllm_probe.events.EventKind`: common fields, then the
+    """The Struct of one :class:`~vllm_probe.schema.events.EventKind`: common fields, then the
     kind's, in schema order. ``gc=False``: an event holds JSON values only, never a cycle."""
     fields: list[tuple] = [("ts", float), ("pid", int | None, None), ("engine", int, 0), ("schema", int | None, None)]
     # a request event without its request id cannot be attributed: it fails validation
@@ -56,7 +56,7 @@ decode = msgspec.json.Decoder(Event).decode
 
 
 def from_dict(ev: dict) -> Any | None:
-    """The Struct of an event dict (as :func:`vllm_probe.reader.parse_line` returns them);
+    """The Struct of an event dict (as :func:`vllm_probe.runs.reader.parse_line` returns them);
     None when a field has the wrong type or the kind is unknown."""
     cls = STRUCTS.get(ev.get("event"))  # by kind: converting to the union is ~8x slower
     if cls is None:
