@@ -191,7 +191,7 @@ elif what in ("read", "read+state"):  # summary's parts, for the breakdown
     from vllm_probe.analysis.state import RunState
     gc.disable()
     apply = RunState(step_window=0).apply if what == "read+state" else (lambda ev: None)
-    for ev in itertools.chain.from_iterable(iter_file(p, stats, typed=True) for p in event_files(run_dir)):
+    for ev in itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir)):
         apply(ev)
 dt, cpu = time.perf_counter() - t, time.process_time() - c
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

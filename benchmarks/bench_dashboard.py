@@ -45,7 +45,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from vllm_probe.tui.dashboard import View, render_dashboard
+from vllm_probe.tui.dashboard import View
+from vllm_probe.tui.layout import render_dashboard
 from vllm_probe.tui.watch import Watcher
 
 ROOT = Path(__file__).resolve().parents[1]

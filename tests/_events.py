@@ -15,6 +15,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
+
+
+def as_dict(rec) -> dict:
+    """A record as the event object of its line: ``event`` first, absent (None) fields left out."""
+    return {"event": rec.kind, **{k: v for k, v in msgspec.structs.asdict(rec).items() if v is not None}}
+
 
 class Stream:
     """Events of one engine core, in the order the probe writes them."""

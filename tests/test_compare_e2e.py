@@ -12,9 +12,10 @@ import pytest
 
 from tests._events import scenario_chunked
 from tests.conftest import QUICK_WORKLOAD, ROOT, requires_vllm
-from vllm_probe.cli.compare import command_differences, comparison, config_differences, delta
+from vllm_probe.analysis.compare import command_differences, comparison, config_differences, delta
 from vllm_probe.runs.rundir import write_meta
-from vllm_probe.analysis.summary import FIGURES, summarize
+from vllm_probe.analysis.compare import FIGURES
+from vllm_probe.analysis.summary import summarize
 
 LARGE_BUDGET = "1024"
 

@@ -9,7 +9,10 @@ import pytest
 from rich.console import Console
 
 from tests.test_state import hand_stream, upto
-from vllm_probe.tui.dashboard import View, bucket_steps, budget_bar, render_dashboard, token_chart
+from vllm_probe.schema.records import from_dict
+from vllm_probe.tui.charts import bucket_steps, budget_bar, token_chart
+from vllm_probe.tui.dashboard import View
+from vllm_probe.tui.layout import render_dashboard
 from vllm_probe.tui.plain import PlainFormatter
 from vllm_probe.runs.reader import Follower, ReadStats, iter_run
 from vllm_probe.analysis.state import RunState
@@ -164,8 +167,13 @@ def test_budget_bar_and_chart_pieces():
 
 
 def test_plain_lines():
-    fmt = PlainFormatter()
-    out = [line for ev in hand_stream() if (line := fmt.format(ev)) is not None]
+    state = RunState()
+    fmt = PlainFormatter(state)
+    out = []
+    for ev in map(from_dict, hand_stream()):
+        state.apply(ev)
+        if (line := fmt.format(ev)) is not None:
+            out.append(line)
     assert len(out) == 8 + 1  # 8 steps, 1 preemption
     assert out[0] == ("+1.100s step 0 | 8/8 tok 100% | prefill 8 tok 1 req | decode 0 tok 0 req | "
                       "run 1 wait 1 | kv 20% | preempted 0 (total 0)")

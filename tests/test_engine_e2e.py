@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from tests._events import as_dict
 from tests.conftest import QUICK_WORKLOAD, SERVER_MAX_TOKENS, SERVER_REQUESTS, requires_vllm
 from vllm_probe.runs.reader import ReadStats, iter_file, iter_run
 from vllm_probe.runs.rundir import event_files
@@ -20,7 +21,7 @@ SMALL_WORKLOAD = ["--num-prompts", "2", "--prompt-tokens", "300", "--max-tokens"
 
 def events_of(run_dir):
     stats = ReadStats()
-    evs = list(iter_run(run_dir, stats))
+    evs = [as_dict(e) for e in iter_run(run_dir, stats)]
     assert stats.skipped == 0, stats.describe()
     return evs
 
@@ -33,7 +34,7 @@ def test_offline_run_writes_every_event_kind(quick_run):
     assert kinds["engine_config"] == 1
     assert kinds["request_added"] == 8 and kinds["request_finished"] == 8
     assert kinds["preempt"] >= 1 and kinds["chunk"] >= 8 * 3  # 600-token prompts, budget 256
-    last = list(iter_file(files[0], ReadStats()))[-1]
+    last = as_dict(list(iter_file(files[0], ReadStats()))[-1])
     assert last["event"] == "probe_stats" and last["events_dropped"] == 0
     assert last["events_written"] == len(evs) - 1
     cfg = next(e for e in evs if e["event"] == "engine_config")

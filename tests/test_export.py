@@ -16,7 +16,7 @@ from tests._events import Stream, scenario_chunked, scenario_preempt
 from tests.conftest import ROOT
 from vllm_probe.exporters.jsonl import ExportError, Filters, export_jsonl
 from vllm_probe.runs.reader import ReadStats, iter_file, iter_run, iter_run_lines, parse_line
-from vllm_probe.schema.records import to_dict
+from tests._events import as_dict
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -217,7 +217,7 @@ def test_every_reader_classifies_lines_exactly_like_parse_line(tmp_path):
         elif raw.strip():
             ev = parse_line(raw, ref_stats)
             if ev is not None:
-                ref.append(ev)
+                ref.append(as_dict(ev))
     # by hand: 5 events (int ts, newer schema, null engine, an unknown field), 1 newer, 1 unknown
     # kind, 1 partial, and 15 malformed: wrong types, no req_id, not JSON, out of range, too deep
     assert [(e["event"], e["ts"], e["engine"]) for e in ref] == [
@@ -225,10 +225,9 @@ def test_every_reader_classifies_lines_exactly_like_parse_line(tmp_path):
     assert (ref_stats.events, ref_stats.malformed, ref_stats.unknown_kind, ref_stats.newer_schema) == (5, 15, 1, 1)
 
     readers = {
-        "dicts": lambda s: list(iter_file(path, s)),
-        "records": lambda s: [to_dict(e) for e in iter_file(path, s, typed=True)],
-        "lines": lambda s: [to_dict(e) for e, _ in iter_run_lines(tmp_path, s)],
-        "run": lambda s: list(iter_run(tmp_path, s)),
+        "file": lambda s: [as_dict(e) for e in iter_file(path, s)],
+        "lines": lambda s: [as_dict(e) for e, _ in iter_run_lines(tmp_path, s)],
+        "run": lambda s: [as_dict(e) for e in iter_run(tmp_path, s)],
     }
     for name, read in readers.items():
         stats = ReadStats()

@@ -138,7 +138,7 @@ def test_engine_totals():
     assert (eng.requests_added, eng.requests_finished) == (2, 2)
     assert eng.requests == {}  # both finished
     assert eng.bound_counts["token_budget"] == 1  # step 0 used all 8 tokens
-    assert eng.config["max_num_batched_tokens"] == BUDGET
+    assert eng.config.max_num_batched_tokens == BUDGET
     assert state.total("steps") == 8 and state.engine_ids() == [0]
 
 
@@ -159,7 +159,7 @@ def test_preempted_request_between_preemption_and_resume():
     assert b.waiting_since_ts == pytest.approx(100.399) and b.last_preempt_step == 3
     assert b.estimated_output_tokens(3) == 2  # exact: from the preempt event
     assert b.estimated_computed_tokens(3) == 0
-    assert state.engines[0].recent_preempts[-1]["discarded_tokens"] == 5
+    assert state.engines[0].recent_preempts[-1].discarded_tokens == 5
 
 
 def test_decode_estimates_after_the_recompute_pass():

@@ -10,10 +10,11 @@ import pytest
 
 from tests._events import Stream, scenario_chunked, scenario_preempt
 from tests.conftest import ROOT, requires_vllm
+from tests._events import as_dict
+from vllm_probe.analysis.figures import Distribution, quantile, quantile_from_counts
+from vllm_probe.analysis.summary import summarize, summarize_events
 from vllm_probe.runs.reader import ReadStats
-from vllm_probe.analysis.summary import (
-    Distribution, NoEventsError, quantile, quantile_from_counts, summarize, summarize_events,
-)
+from vllm_probe.runs.rundir import NoEventsError
 
 approx = pytest.approx
 
@@ -197,7 +198,7 @@ def test_summary_cli_exit_codes_and_json(tmp_path):
 def test_summary_of_a_real_run_agrees_with_its_events(quick_run):
     from vllm_probe.runs.reader import iter_run
 
-    evs = list(iter_run(quick_run, ReadStats()))
+    evs = [as_dict(e) for e in iter_run(quick_run, ReadStats())]
     stats = ReadStats()
     s = summarize(quick_run, stats)
     assert stats.events == len(evs) and stats.skipped == 0  # every line the probe wrote validates typed

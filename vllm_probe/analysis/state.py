@@ -1,12 +1,14 @@
 """Scheduler state rebuilt from events: per engine, per step (rolling), per request.
 
-One model feeds the live dashboard, the summary, compare and the timeline export, so
-every view agrees on what "queue time" or "time to first token" means. Memory is
-bounded for a run of any length: steps are kept in a rolling window, finished requests
-in a bounded list; consumers that need every finished request (the summary) register
-``RunState.on_request_finished``. Events come in as the typed records of
-:mod:`vllm_probe.schema.records` (what the reader yields for the summary) or as dicts (live
-views, hand-made streams), which are converted first.
+The one request-lifecycle model: it feeds the dashboard, the ``--plain`` lines, the
+summary, compare and the timeline export, so every view agrees on what "queue time" or
+"time to first token" means. Memory is bounded for a run of any length: steps are kept
+in a rolling window, finished requests in a bounded list, run totals as counters and
+exact histograms; a consumer that needs every finished request (the summary) sets
+``RunState.on_request_finished``, one that follows every transition (the timeline) a
+:class:`StateListener`. Events come in as the records of
+:mod:`vllm_probe.schema.records` (what the reader yields) or as dicts (hand-made
+streams), which are converted first.
 
 Timing definitions (event fields in docs/events.md):
 
@@ -26,7 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..schema.records import STRUCTS, from_dict, to_dict
+from ..schema.records import STRUCTS, from_dict
+from .figures import LIMITS, budget_use, bound_by, chunk_reread_tokens, per_second
 
 #: Default number of recent steps kept per engine.
 STEP_WINDOW = 600
@@ -36,9 +39,6 @@ FINISHED_KEEP = 200
 PREEMPT_KEEP = 50
 
 WAITING, PREFILL, DECODE, PREEMPTED, FINISHED = "waiting", "prefill", "decode", "preempted", "finished"
-
-#: Names of the limits :func:`bound_by` can return.
-LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
 
 
 @dataclass(slots=True)
@@ -169,27 +169,6 @@ class RequestState:
         return self.computed
 
 
-def bound_by(scheduled: int, budget: int | None, running: int, waiting: int, preempted: bool,
-             max_num_seqs: int | None) -> str:
-    """Which limit held a step back (one of :data:`LIMITS`), from its ``step`` event's
-    ``scheduled_tokens``, ``token_budget`` (None: unknown), ``running``, ``waiting``
-    (requests), whether it preempted, and the engine's ``max_num_seqs``.
-
-    ``token_budget``: the step used its whole budget. ``max_num_seqs``: requests wait
-    while the running queue is full. ``kv_cache``: a preemption happened, or requests
-    wait with budget and sequence slots to spare (in vLLM's V1 scheduler the remaining
-    reason not to admit them is that their KV blocks cannot be allocated).
-    ``none``: nothing waits; the workload, not a limit, set the batch.
-    """
-    if budget is not None and scheduled >= budget:
-        return "token_budget"
-    if waiting and max_num_seqs is not None and running >= max_num_seqs:
-        return "max_num_seqs"
-    if waiting or preempted:
-        return "kv_cache"
-    return "none"
-
-
 @dataclass
 class WindowStats:
     """Figures over the recent steps of one engine (its rolling window).
@@ -217,7 +196,7 @@ class WindowStats:
     @property
     def budget_use(self) -> float | None:
         """Scheduled tokens / token budget over the window (0..1)."""
-        return self.scheduled_tokens / self.budget_tokens if self.budget_tokens else None
+        return budget_use(self.scheduled_tokens, self.budget_tokens)
 
     @property
     def preempt_per_100_steps(self) -> float | None:
@@ -226,17 +205,20 @@ class WindowStats:
 
 @dataclass
 class EngineState:
-    """One engine core (data-parallel rank)."""
+    """One engine core (data-parallel rank): the latest records, run totals (tokens,
+    requests, events), a rolling window of steps and the requests in flight."""
 
     engine: int
     step_window: int = STEP_WINDOW
     finished_keep: int = FINISHED_KEEP
-    config: dict[str, Any] | None = None
+    #: the ``engine_config`` record (None until it is read)
+    config: Any = None
     pids: set[int] = field(default_factory=set)
     first_ts: float | None = None
     last_ts: float | None = None
     last_step: int = -1
-    _latest: Any = None  # the latest step event: its Struct, or its dict once asked for (.latest)
+    #: the latest ``step`` record (None before the first step)
+    latest: Any = None
     steps: int = 0
     scheduled_tokens: int = 0
     prefill_tokens: int = 0
@@ -248,16 +230,23 @@ class EngineState:
     step_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
     stepping_since: float | None = None  # earliest step start (ts - schedule_us), epoch s
     last_step_ts: float | None = None  # latest ts of a step event, epoch s
-    preemptions: int = 0
+    preemptions: int = 0  # preempt events
+    step_preemptions: int = 0  # ids in the steps' ``preempted`` lists (right with preempt events off)
+    requests_preempted: int = 0  # distinct requests preempted at least once
     discarded_tokens: int = 0
-    recomputed_tokens: int = 0
+    recomputed_tokens: int = 0  # tokens of chunks in resumed (recompute) passes
     chunks: int = 0
+    chunk_tokens: int = 0  # tokens of every prefill chunk (end - start)
+    reread_kv_tokens: int = 0  # figures.chunk_reread_tokens summed over chunks (seed §3.4)
+    prefix_hit_tokens: int = 0  # served by the prefix cache on first passes' first chunks
+    #: exact histogram: chunks of the prefill pass that produced a prompt's first token -> prompts
+    first_pass_chunks: dict[int, int] = field(default_factory=dict)
     requests_added: int = 0
     requests_finished: int = 0
     bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
-    #: the latest ``probe_stats`` line of each file, by pid (counts are cumulative per file,
-    #: and a stopping engine core writes one with every flush: the last one is final)
-    probe_stats: dict[Any, dict] = field(default_factory=dict)
+    #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
+    #: file, and a stopping engine core writes one with every flush: the last one is final)
+    probe_stats: dict[Any, Any] = field(default_factory=dict)
     window: deque = field(init=False)
     recent_preempts: deque = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
@@ -271,16 +260,8 @@ class EngineState:
         self.finished = deque(maxlen=self.finished_keep)
 
     @property
-    def latest(self) -> dict[str, Any] | None:
-        """The latest ``step`` event as a dict (None before the first step)."""
-        ev = self._latest
-        if ev is not None and type(ev) is not dict:  # converted when first asked for
-            ev = self._latest = to_dict(ev)
-        return ev
-
-    @property
     def max_num_seqs(self) -> int | None:
-        return (self.config or {}).get("max_num_seqs")
+        return self._max_num_seqs
 
     def request(self, req_id: str) -> RequestState:
         req = self.requests.get(req_id)
@@ -310,10 +291,10 @@ class EngineState:
                 sched_us_max = r.schedule_us
         ws.schedule_us_mean = sum(r.schedule_us for r in recs) / len(recs)
         ws.schedule_us_max = sched_us_max
-        if len(recs) >= 2 and ws.span_s > 0:
-            ws.step_rate = (len(recs) - 1) / ws.span_s
-            ws.token_rate = (ws.scheduled_tokens - recs[0].scheduled) / ws.span_s
-            ws.preempt_rate = ws.preemptions / ws.span_s
+        if len(recs) >= 2:
+            ws.step_rate = per_second(len(recs) - 1, ws.span_s)
+            ws.token_rate = per_second(ws.scheduled_tokens - recs[0].scheduled, ws.span_s)
+            ws.preempt_rate = per_second(ws.preemptions, ws.span_s)
         return ws
 
     def prefills_in_flight(self) -> list[RequestState]:
@@ -329,14 +310,14 @@ class EngineState:
         ``probe_stats`` counts are cumulative per file (process): the last line of
         each pid counts.
         """
-        return sum(ps.get("events_dropped", 0) or 0 for ps in self.probe_stats.values())
+        return sum(ps.events_dropped or 0 for ps in self.probe_stats.values())
 
     @property
     def hook_errors(self) -> int:
         """Exceptions caught in the probe's hooks in this engine core (last line of each pid)."""
         total = 0
         for ps in self.probe_stats.values():
-            errs = ps.get("hook_errors")
+            errs = ps.hook_errors
             if isinstance(errs, dict):
                 total += sum(n for n in errs.values() if isinstance(n, int) and not isinstance(n, bool))
         return total
@@ -344,7 +325,7 @@ class EngineState:
     @property
     def hooks_disabled(self) -> list[str]:
         """Hooks the probe switched off after repeated errors (their events stop)."""
-        return sorted({h for ps in self.probe_stats.values() for h in ps.get("hooks_disabled") or ()})
+        return sorted({h for ps in self.probe_stats.values() for h in ps.hooks_disabled or ()})
 
     def phase_counts(self) -> dict[str, int]:
         """Known unfinished requests per phase (requests)."""
@@ -361,6 +342,7 @@ class RunState:
         step_window: recent steps kept per engine (rolling chart, rates).
         finished_keep: finished requests kept per engine (request table).
         on_request_finished: called with each :class:`RequestState` as it finishes.
+        listener: a :class:`StateListener` told of every transition.
     """
 
     def __init__(
@@ -368,11 +350,13 @@ class RunState:
         step_window: int = STEP_WINDOW,
         finished_keep: int = FINISHED_KEEP,
         on_request_finished: Callable[[RequestState], None] | None = None,
+        listener: "StateListener | None" = None,
     ) -> None:
         self.engines: dict[int, EngineState] = {}
         self.step_window = step_window
         self.finished_keep = finished_keep
         self.on_request_finished = on_request_finished
+        self.listener = listener
         self.events = 0
         self.first_ts: float | None = None
         self.last_ts: float | None = None
@@ -393,9 +377,9 @@ class RunState:
         return eng
 
     def apply(self, ev) -> None:
-        """Update the state with one event: a Struct of :mod:`vllm_probe.schema.records` (as
-        ``reader.iter_file(typed=True)`` yields them) or an event dict (converted first;
-        ignored when its kind is unknown or a field has the wrong type)."""
+        """Update the state with one event: a record of :mod:`vllm_probe.schema.records`
+        (as the reader yields them) or an event dict (converted first; ignored when its
+        kind is unknown or a field has the wrong type)."""
         if type(ev) is dict:
             ev = from_dict(ev)
             if ev is None:
@@ -448,16 +432,17 @@ class RunState:
         return sorted(self.engines)
 
     @property
-    def config(self) -> dict[str, Any] | None:
+    def config(self) -> Any:
+        """The ``engine_config`` record of the lowest engine core that has one (None before)."""
         for idx in sorted(self.engines):
-            if self.engines[idx].config:
+            if self.engines[idx].config is not None:
                 return self.engines[idx].config
         return None
 
     # -- handlers -----------------------------------------------------------------------
 
     def _engine_config(self, eng: EngineState, ev) -> None:
-        eng.config = to_dict(ev)
+        eng.config = ev
         eng._max_num_seqs = ev.max_num_seqs
 
     def _step(self, eng: EngineState, ev) -> None:
@@ -466,7 +451,7 @@ class RunState:
             step = eng.last_step + 1
         if step > eng.last_step:
             eng.last_step = step
-        eng._latest = ev
+        eng.latest = ev
         eng.steps += 1
         ts = ev.ts
         scheduled = ev.scheduled_tokens or 0
@@ -482,12 +467,14 @@ class RunState:
         waiting = ev.waiting or 0
         running = ev.running or 0
         preempted = ev.preempted
-        bound = bound_by(scheduled, budget, running, waiting, bool(preempted), eng._max_num_seqs)
+        n_preempted = len(preempted) if preempted else 0
+        eng.step_preemptions += n_preempted
+        bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
         if self.step_window:
             eng.window.append(StepRecord(
                 step, ts, scheduled, budget or 0, prefill, decode, running, waiting, ev.kv_usage or 0.0,
-                schedule_us, len(preempted) if preempted else 0, bound,
+                schedule_us, n_preempted, bound,
             ))
         key = (scheduled, budget or 0)
         hist = eng.step_tokens
@@ -510,17 +497,24 @@ class RunState:
             for req in done:
                 req.first_token_ts = ts
                 del eng._awaiting_token[req.req_id]
+        if self.listener is not None:
+            self.listener.on_step(eng, ev)
 
     def _chunk(self, eng: EngineState, ev) -> None:
         req = eng.request(ev.req_id)
         eng.chunks += 1
         req.chunks += 1
-        start, end = ev.start or 0, ev.end or 0
+        start = ev.start or 0
+        end = start if ev.end is None else ev.end
         index = ev.chunk_index or 0
+        eng.chunk_tokens += end - start
+        eng.reread_kv_tokens += chunk_reread_tokens(index, start)
         if ev.prompt_len is not None:
             req.prompt_len = ev.prompt_len
         if index == 0:
             req.passes += 1
+            if not ev.resumed:
+                eng.prefix_hit_tokens += start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
             if req.first_scheduled_ts is None:
                 req.first_scheduled_ts = ev.ts
                 req.first_scheduled_step = ev.step
@@ -537,26 +531,36 @@ class RunState:
         if ev.last:
             req.phase = DECODE
             req.pass_end_step = ev.step
-            if req.first_token_step is None:
+            if req.first_token_step is None:  # the pass that produced the first token
                 req.first_token_step = ev.step
                 eng._awaiting_token[req.req_id] = req
+                hist = eng.first_pass_chunks
+                hist[index + 1] = hist.get(index + 1, 0) + 1
         else:
             req.phase = PREFILL
+        if self.listener is not None:
+            self.listener.on_chunk(eng, req, ev)
 
     def _preempt(self, eng: EngineState, ev) -> None:
         req = eng.request(ev.req_id)
         eng.preemptions += 1
+        if not req.preemptions:
+            eng.requests_preempted += 1
         discarded = ev.discarded_tokens or 0
         eng.discarded_tokens += discarded
         req.preemptions = ev.num_preemptions or req.preemptions + 1
         req.discarded_tokens += discarded
         if ev.output_tokens is not None:
             req.output_tokens = ev.output_tokens
+        if ev.prompt_len is not None:
+            req.prompt_len = ev.prompt_len
         req.phase = PREEMPTED
         req.computed = 0
         req.last_preempt_ts = ev.ts
         req.last_preempt_step = ev.step
-        eng.recent_preempts.append(to_dict(ev))
+        eng.recent_preempts.append(ev)
+        if self.listener is not None:
+            self.listener.on_preempt(eng, req, ev)
 
     def _added(self, eng: EngineState, ev) -> None:
         eng.requests_added += 1
@@ -567,6 +571,8 @@ class RunState:
         req.prompt_len = ev.prompt_len
         req.max_tokens = ev.max_tokens
         req.arrival_ts = ev.ts if ev.arrival_ts is None else ev.arrival_ts
+        if self.listener is not None:
+            self.listener.on_added(eng, req, ev)
 
     def _finished(self, eng: EngineState, ev) -> None:
         self._finish(eng, ev.req_id, ev.ts, ev.reason, ev.output_tokens, ev.num_preemptions)
@@ -587,6 +593,32 @@ class RunState:
         eng.finished.append(req)
         if self.on_request_finished is not None:
             self.on_request_finished(req)
+        if self.listener is not None:
+            self.listener.on_finished(eng, req)
 
     def _probe_stats(self, eng: EngineState, ev) -> None:
-        eng.probe_stats[ev.pid] = to_dict(ev)
+        eng.probe_stats[ev.pid] = ev
+
+
+class StateListener:
+    """Receives every transition of a :class:`RunState` (``RunState.listener``), after the
+    state has applied it: the timeline export draws its slices from these. Each method
+    gets the engine, the request's :class:`RequestState` where there is one, and the
+    record that caused it. Methods do nothing unless overridden."""
+
+    def on_added(self, eng: EngineState, req: RequestState, ev: Any) -> None:
+        """A request arrived (``request_added``)."""
+
+    def on_chunk(self, eng: EngineState, req: RequestState, ev: Any) -> None:
+        """A prefill chunk was scheduled (``chunk``); ``req.phase`` is ``decode`` after the
+        pass's last chunk, else ``prefill``."""
+
+    def on_preempt(self, eng: EngineState, req: RequestState, ev: Any) -> None:
+        """The request was preempted (``preempt``); its KV is gone, it waits again."""
+
+    def on_finished(self, eng: EngineState, req: RequestState) -> None:
+        """The request left the scheduler (``request_finished``, or a step's ``finished``
+        ids when request events are off)."""
+
+    def on_step(self, eng: EngineState, ev: Any) -> None:
+        """A step ended (``step``), after the chunks and preemptions it caused."""

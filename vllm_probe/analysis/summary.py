@@ -1,10 +1,12 @@
 """The analysis behind ``vllm-probe summary`` and ``vllm-probe compare``.
 
-:func:`summarize` streams a run's events (every engine core's file, one after the other:
-the state keeps engine cores apart, so no time-ordered merge is needed) through the shared :class:`~vllm_probe.analysis.state.RunState` and a few
-accumulators of its own, and returns a :class:`Summary`: plain numbers, JSON-ready with
-:meth:`Summary.to_dict`, rendered by ``cli/summary.py`` and ``cli/compare.py``. No view
-code lives here.
+:func:`summarize` streams a run's records (every engine core's file, one after the
+other: the state keeps engine cores apart, so no time-ordered merge is needed) through
+the shared :class:`~vllm_probe.analysis.state.RunState`, collects each finished
+request's latencies, and returns a :class:`Summary`: plain numbers, JSON-ready with
+:meth:`Summary.to_dict`, rendered by :mod:`vllm_probe.tui.summary_view` and compared by
+:mod:`vllm_probe.analysis.compare`. No view code lives here; per-step figures come from
+:mod:`vllm_probe.analysis.figures`.
 
 Memory grows with the number of distinct requests (one latency record each), not with
 the number of steps: per-step figures are kept as exact histograms of
@@ -32,7 +34,8 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
   every earlier position of the prompt) is counted as **KV tokens re-read**:
   for every prefill chunk ``k >= 1`` of a pass (``chunk_index >= 1``, first passes and
   recompute passes alike) with positions ``[start_k, end_k)``, its attention reads the
-  ``start_k`` KV entries computed before it, so ``reread = sum(start_k for k >= 1)``.
+  ``start_k`` KV entries computed before it, so ``reread = sum(start_k for k >= 1)``
+  (:func:`~vllm_probe.analysis.figures.chunk_reread_tokens`).
   A single-shot prefill of the same pass (one chunk ``[start_0, prefill_len)``) reads
   only the ``start_0`` prefix-cache hits, which the chunked pass reads too; so
   ``reread`` is exactly the extra KV reading caused by chunking (0 without chunking).
@@ -42,7 +45,7 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
 * **latency** (per finished request, from :class:`~vllm_probe.analysis.state.RequestState`):
   queue time, time to first token (s and steps), decode time, mean inter-token time.
   Requests still running when the log ends are counted as ``unfinished`` and left out.
-* **bound by**: share of steps per limit of :func:`vllm_probe.analysis.state.bound_by`
+* **bound by**: share of steps per limit of :func:`vllm_probe.analysis.figures.bound_by`
   (``token_budget``, ``max_num_seqs``, ``kv_cache``, ``none``); ``bound_most`` is the
   most frequent one.
 * Quantiles (median, p90) interpolate linearly between order statistics (numpy's default
@@ -53,15 +56,15 @@ from __future__ import annotations
 
 import gc
 import itertools
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..runs.reader import ReadStats, iter_file
-from ..runs.rundir import event_files, read_meta
-from .state import LIMITS, RequestState, RunState
-from ..schema.records import ChunkEvent, PreemptEvent, from_dict
+from ..runs.rundir import NoEventsError, event_files, read_meta
+from ..schema.records import from_dict
+from .figures import LIMITS, Distribution, budget_use, prefill_share
+from .state import RequestState, RunState
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -70,74 +73,6 @@ CONFIG_KEYS = (
     "max_model_len", "scheduling_policy", "async_scheduling", "prefix_caching",
     "data_parallel_size", "scheduler_class",
 )
-
-
-class NoEventsError(Exception):
-    """The run holds no usable event (no files, or every line skipped)."""
-
-
-# -- quantiles ----------------------------------------------------------------------------
-
-
-def quantile(sorted_values: list[float], q: float) -> float | None:
-    """Linear-interpolation quantile of already sorted values (None when empty)."""
-    n = len(sorted_values)
-    if n == 0:
-        return None
-    pos = q * (n - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, n - 1)
-    frac = pos - lo
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
-
-
-def _nth_from_counts(items: list[tuple[float, int]], rank: int) -> float:
-    """Value at 0-based ``rank`` of the multiset given as sorted ``(value, count)`` pairs."""
-    seen = 0
-    for value, count in items:
-        seen += count
-        if rank < seen:
-            return value
-    return items[-1][0]
-
-
-def quantile_from_counts(counts: dict[float, int], q: float) -> float | None:
-    """:func:`quantile` of a histogram ``{value: count}`` without expanding it."""
-    n = sum(counts.values())
-    if n == 0:
-        return None
-    items = sorted(counts.items())
-    pos = q * (n - 1)
-    lo = math.floor(pos)
-    a = _nth_from_counts(items, lo)
-    b = _nth_from_counts(items, min(lo + 1, n - 1))
-    return a + (b - a) * (pos - lo)
-
-
-@dataclass
-class Distribution:
-    """Count, mean, median, p90 and max of a set of values (None when empty)."""
-
-    n: int = 0
-    mean: float | None = None
-    median: float | None = None
-    p90: float | None = None
-    max: float | None = None
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> "Distribution":
-        vals = sorted(v for v in values if v is not None)
-        if not vals:
-            return cls()
-        return cls(len(vals), sum(vals) / len(vals), quantile(vals, 0.5), quantile(vals, 0.9), vals[-1])
-
-    @classmethod
-    def of_counts(cls, counts: dict[float, int]) -> "Distribution":
-        n = sum(counts.values())
-        if n == 0:
-            return cls()
-        return cls(n, sum(v * c for v, c in counts.items()) / n, quantile_from_counts(counts, 0.5),
-                   quantile_from_counts(counts, 0.9), max(counts))
 
 
 # -- the result ---------------------------------------------------------------------------
@@ -223,71 +158,47 @@ class Summary:
 # -- the computation ----------------------------------------------------------------------
 
 
-class _Collector:
-    """Accumulators that RunState does not keep (it keeps rolling windows only)."""
+class _Finished:
+    """Per finished request: its latencies and token counts (the state keeps only the
+    latest finished requests; the summary needs all of them)."""
 
     def __init__(self) -> None:
-        self.reread = 0
-        self.chunk_tokens = 0
-        self.prefix_hit = 0
-        self.prompt_chunks: dict[int, int] = {}  # chunks of the first complete pass -> prompts
-        self.first_done: set[tuple[int, str]] = set()  # (engine, req_id) with first pass complete
-        self.preempted: set[tuple[int, str]] = set()
-        # per finished request: (queue_s, ttft_s, ttft_steps, decode_s, itl_s) and token counts
+        # (queue_s, ttft_s, ttft_steps, decode_s, itl_s) per finished request
         self.latencies: list[tuple] = []
-        self.finished = 0
+        self.count = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.worst: tuple | None = None  # (preemptions, recomputed, discarded, req_id)
 
-    def on_finished(self, req: RequestState) -> None:
-        self.finished += 1
+    def __call__(self, req: RequestState) -> None:
+        self.count += 1
         self.prompt_tokens += req.prompt_len or 0
         self.output_tokens += req.output_tokens or 0
         self.latencies.append((req.queue_time_s, req.ttft_s, req.ttft_steps, req.decode_time_s, req.mean_itl_s))
-        self.first_done.discard((req.engine, req.req_id))
         self.consider_worst(req)
 
     def consider_worst(self, req: RequestState) -> None:
+        """Keep the most preempted request (ties: more recomputed, then discarded tokens)."""
         if req.preemptions:
             key = (req.preemptions, req.recomputed_tokens, req.discarded_tokens, req.req_id)
             if self.worst is None or key[:3] > self.worst[:3]:
                 self.worst = key
-
-    def chunk(self, ev) -> None:
-        start = ev.start or 0
-        index = ev.chunk_index or 0
-        self.chunk_tokens += (start if ev.end is None else ev.end) - start
-        if index:
-            self.reread += start
-        elif not ev.resumed:
-            self.prefix_hit += start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
-        if ev.last:
-            key = (ev.engine, ev.req_id)
-            if key not in self.first_done:
-                self.first_done.add(key)
-                self.prompt_chunks[index + 1] = self.prompt_chunks.get(index + 1, 0) + 1
-
-    def preempt(self, ev) -> None:
-        self.preempted.add((ev.engine, ev.req_id))
 
 
 def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
                      meta: dict | None = None) -> Summary:
     """Summarize an iterable of events: each engine core's events in file order (engine
     cores may follow one another or interleave, as ``iter_run`` yields them). Events are
-    Structs of :mod:`vllm_probe.schema.records` (``iter_file(typed=True)``) or dicts (converted;
-    skipped when a field has the wrong type).
+    records of :mod:`vllm_probe.schema.records` or dicts (converted; skipped when a field
+    has the wrong type).
 
     Python's cyclic garbage collector is paused meanwhile: the loop allocates an object
     per event and creates no reference cycles, and the collector's passes over the
     growing request records cost about a tenth of the time.
     """
-    col = _Collector()
-    state = RunState(step_window=0, on_request_finished=col.on_finished)  # no rolling chart here
+    finished = _Finished()
+    state = RunState(step_window=0, on_request_finished=finished)  # no rolling chart here
     apply = state.apply
-    on_chunk, on_preempt = col.chunk, col.preempt
-    chunk_type, preempt_type = ChunkEvent, PreemptEvent
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -297,15 +208,10 @@ def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: 
                 if ev is None:
                     continue
             apply(ev)
-            kind = type(ev)
-            if kind is chunk_type:
-                on_chunk(ev)
-            elif kind is preempt_type:
-                on_preempt(ev)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return _build(state, col, stats or ReadStats(), run_dir, meta or {})
+    return _build(state, finished, stats or ReadStats(), run_dir, meta or {})
 
 
 def summarize(run_dir: str | Path, stats: ReadStats | None = None) -> Summary:
@@ -320,33 +226,40 @@ def summarize(run_dir: str | Path, stats: ReadStats | None = None) -> Summary:
         raise NoEventsError(f"no event files (events-*.jsonl) in {run_dir}")
     # RunState keeps each engine core apart, so the files need no time-ordered merge
     # (heapq.merge costs about a tenth of summary's time on a two-engine run).
-    events = itertools.chain.from_iterable(iter_file(p, stats, typed=True) for p in event_files(run_dir))
+    events = itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir))
     summary = summarize_events(events, stats, str(run_dir), read_meta(run_dir))
     if stats.events == 0:
         raise NoEventsError(f"no readable events in {run_dir} ({stats.describe()})")
     return summary
 
 
-def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, meta: dict) -> Summary:
+def _config_of(rec: Any) -> dict[str, Any]:
+    """The :data:`CONFIG_KEYS` of an ``engine_config`` record that it holds (not None)."""
+    values = {k: getattr(rec, k, None) for k in CONFIG_KEYS}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict) -> Summary:
     s = Summary(run_dir=run_dir, command=meta.get("command"))
     s.read = {"events": stats.events, "malformed": stats.malformed, "partial": stats.partial,
               "unknown_kind": stats.unknown_kind, "newer_schema": stats.newer_schema,
               "files": len(stats.files), "text": stats.describe()}
     engines = state.engines
     s.engines = len(engines)
-    configs = [e.config for _, e in sorted(engines.items()) if e.config]
+    configs = [_config_of(e.config) for _, e in sorted(engines.items()) if e.config is not None]
     if configs:
-        s.config = {k: configs[0].get(k) for k in CONFIG_KEYS if k in configs[0]}
-        s.config_differs_across_engines = any(
-            {k: c.get(k) for k in CONFIG_KEYS if k != "scheduler_class"}
-            != {k: configs[0].get(k) for k in CONFIG_KEYS if k != "scheduler_class"} for c in configs[1:])
+        s.config = configs[0]
+
+        def settings(c: dict) -> dict:
+            return {k: v for k, v in c.items() if k != "scheduler_class"}
+        s.config_differs_across_engines = any(settings(c) != settings(configs[0]) for c in configs[1:])
     s.steps = int(state.total("steps"))
     s.duration_s = state.stepping_s()
     s.requests_added = int(state.total("requests_added"))
-    s.requests_finished = col.finished
+    s.requests_finished = fin.count
     s.requests_unfinished = sum(len(e.requests) for e in engines.values())
-    s.prompt_tokens = col.prompt_tokens
-    s.output_tokens = col.output_tokens
+    s.prompt_tokens = fin.prompt_tokens
+    s.output_tokens = fin.output_tokens
     if s.duration_s:
         s.output_tokens_per_s = s.output_tokens / s.duration_s
 
@@ -356,15 +269,15 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
     for eng in engines.values():
         for (sched, budget), n in eng.step_tokens.items():
             tokens[sched] = tokens.get(sched, 0) + n
-            if budget:
-                use[sched / budget] = use.get(sched / budget, 0) + n
+            share = budget_use(sched, budget)
+            if share is not None:
+                use[share] = use.get(share, 0) + n
     s.tokens_per_step = Distribution.of_counts(tokens)
     s.budget_use = Distribution.of_counts(use)
     s.scheduled_tokens = int(state.total("scheduled_tokens"))
     s.prefill_tokens = int(state.total("prefill_tokens"))
     s.decode_tokens = int(state.total("decode_tokens"))
-    if s.prefill_tokens + s.decode_tokens:
-        s.prefill_share = s.prefill_tokens / (s.prefill_tokens + s.decode_tokens)
+    s.prefill_share = prefill_share(s.prefill_tokens, s.decode_tokens)
     if s.steps:
         s.schedule_us = Distribution(n=s.steps, mean=state.total("schedule_us_total") / s.steps,
                                      max=max(e.schedule_us_max for e in engines.values()))
@@ -372,29 +285,33 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
     # preemptions
     p = s.preemptions
     p.count = int(state.total("preemptions"))
-    p.requests = len(col.preempted)
+    p.requests = int(state.total("requests_preempted"))
     p.discarded_tokens = int(state.total("discarded_tokens"))
     p.recomputed_tokens = int(state.total("recomputed_tokens"))
     for eng in engines.values():  # requests still in flight when the log ends
         for req in eng.requests.values():
-            col.consider_worst(req)
-    if col.worst is not None:
-        p.worst_preemptions, p.worst_recomputed_tokens, _, p.worst_request = col.worst
+            fin.consider_worst(req)
+    if fin.worst is not None:
+        p.worst_preemptions, p.worst_recomputed_tokens, _, p.worst_request = fin.worst
 
     # chunking
     c = s.chunking
-    c.prompts = sum(col.prompt_chunks.values())
-    c.chunked_prompts = sum(n for k, n in col.prompt_chunks.items() if k > 1)
+    prompt_chunks: dict[int, int] = {}
+    for eng in engines.values():
+        for k, n in eng.first_pass_chunks.items():
+            prompt_chunks[k] = prompt_chunks.get(k, 0) + n
+    c.prompts = sum(prompt_chunks.values())
+    c.chunked_prompts = sum(n for k, n in prompt_chunks.items() if k > 1)
     c.chunks = int(state.total("chunks"))
-    c.chunks_per_prompt = Distribution.of_counts(col.prompt_chunks)
-    c.prefill_tokens = col.chunk_tokens
-    c.reread_kv_tokens = col.reread
-    if col.chunk_tokens:
-        c.reread_per_prefill_token = col.reread / col.chunk_tokens
-    c.prefix_hit_tokens = col.prefix_hit
+    c.chunks_per_prompt = Distribution.of_counts(prompt_chunks)
+    c.prefill_tokens = int(state.total("chunk_tokens"))
+    c.reread_kv_tokens = int(state.total("reread_kv_tokens"))
+    if c.prefill_tokens:
+        c.reread_per_prefill_token = c.reread_kv_tokens / c.prefill_tokens
+    c.prefix_hit_tokens = int(state.total("prefix_hit_tokens"))
 
     # latency of finished requests
-    lat = col.latencies
+    lat = fin.latencies
     s.latency = Latency(*(Distribution.of(r[i] for r in lat) for i in range(5)))
 
     # which limit bound the steps
@@ -411,58 +328,3 @@ def _build(state: RunState, col: _Collector, stats: ReadStats, run_dir: str, met
     s.probe_hooks_disabled = sorted({h for eng in engines.values() for h in eng.hooks_disabled})
     s.probe_hook_errors = sum(eng.hook_errors for eng in engines.values())
     return s
-
-
-# -- figures for views and compare ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One number of a summary: where it lives, how to show it, which way is better."""
-
-    section: str
-    label: str
-    path: str  # dotted attribute path into Summary, e.g. "latency.ttft_s.median"
-    unit: str = ""
-    better: str | None = None  # "lower", "higher" or None (neither)
-
-    def get(self, s: Summary) -> Any:
-        obj: Any = s
-        for part in self.path.split("."):
-            obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
-            if obj is None:
-                return None
-        return obj
-
-
-#: The figures ``compare`` lines up, in display order.
-FIGURES: tuple[Figure, ...] = (
-    Figure("run", "steps", "steps", "steps", "lower"),
-    Figure("run", "duration", "duration_s", "s", "lower"),
-    Figure("run", "requests finished", "requests_finished", "requests"),
-    Figure("run", "output tokens/s", "output_tokens_per_s", "tok/s", "higher"),
-    Figure("steps", "tokens/step median", "tokens_per_step.median", "tokens", "higher"),
-    Figure("steps", "tokens/step p90", "tokens_per_step.p90", "tokens", "higher"),
-    Figure("steps", "budget use median", "budget_use.median", "%", "higher"),
-    Figure("steps", "budget use p90", "budget_use.p90", "%", "higher"),
-    Figure("steps", "prefill share", "prefill_share", "%"),
-    Figure("steps", "schedule() mean", "schedule_us.mean", "µs", "lower"),
-    Figure("preemptions", "preemptions", "preemptions.count", "", "lower"),
-    Figure("preemptions", "requests preempted", "preemptions.requests", "requests", "lower"),
-    Figure("preemptions", "discarded tokens", "preemptions.discarded_tokens", "tokens", "lower"),
-    Figure("preemptions", "recomputed tokens", "preemptions.recomputed_tokens", "tokens", "lower"),
-    Figure("chunking", "prompts chunked", "chunking.chunked_prompts", "prompts"),
-    Figure("chunking", "chunks/prompt mean", "chunking.chunks_per_prompt.mean", "chunks", "lower"),
-    Figure("chunking", "chunks/prompt max", "chunking.chunks_per_prompt.max", "chunks", "lower"),
-    Figure("chunking", "KV tokens re-read", "chunking.reread_kv_tokens", "tokens", "lower"),
-    Figure("latency", "queue time median", "latency.queue_s.median", "s", "lower"),
-    Figure("latency", "queue time p90", "latency.queue_s.p90", "s", "lower"),
-    Figure("latency", "TTFT median", "latency.ttft_s.median", "s", "lower"),
-    Figure("latency", "TTFT p90", "latency.ttft_s.p90", "s", "lower"),
-    Figure("latency", "TTFT max", "latency.ttft_s.max", "s", "lower"),
-    Figure("latency", "TTFT median (steps)", "latency.ttft_steps.median", "steps", "lower"),
-    Figure("latency", "TTFT p90 (steps)", "latency.ttft_steps.p90", "steps", "lower"),
-    Figure("latency", "decode time median", "latency.decode_s.median", "s", "lower"),
-    Figure("latency", "inter-token median", "latency.itl_s.median", "s", "lower"),
-    Figure("bound", "bound by", "bound_most", ""),
-)

@@ -1,7 +1,9 @@
-"""The ``vllm-probe`` command.
+"""The ``vllm-probe`` command: argparse only — parse, call the analysis or the view,
+turn the outcome into an exit code.
 
-Subcommands live in their own modules (imported only when used, so ``vllm-probe tail``
-starts fast and works without vLLM installed)::
+Each subcommand is a module with ``add_arguments(parser)`` and ``main(args) -> int``;
+the modules are imported to build the parser and import their views (rich) and vLLM
+only when they run, so reading commands work without vLLM installed::
 
     vllm-probe run [--settings FILE] [--out DIR] [--live] -- COMMAND [ARGS...]
     vllm-probe COMMAND [ARGS...]          # shorthand for `run -- COMMAND ...`
@@ -20,12 +22,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
+from typing import Any, Callable
 
 from .. import envvars
+from ..exporters.base import ExportError
+from ..runs.rundir import NoEventsError, RunDirError
 from ..settings import SettingsError
-from ..runs.rundir import RunDirError
 
 #: subcommand -> (module, one-line help). Each module has add_arguments(p) and main(args) -> int.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -37,6 +42,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 
+#: Exit code of a failure at work: the run holds no readable event, nothing matched.
+EXIT_NO_EVENTS = 1
+#: Exit code of bad usage or input (bad settings, missing run directory, bad filters).
 EXIT_USAGE = 2
 
 
@@ -48,19 +56,29 @@ class CliError(Exception):
         self.code = code
 
 
-#: Width of reports written to a pipe or file (rich would use 80 and cut table cells).
-PIPE_WIDTH = 160
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: the reader of a pipe went away (``... | head``), and
+    Python's final flush must not complain about it."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
 
 
-def report_console():
-    """A rich Console for ``summary`` / ``compare`` reports: the terminal's width, or
-    ``$COLUMNS``, or :data:`PIPE_WIDTH` when the output is not a terminal."""
-    from rich.console import Console
+def print_json(obj: Any) -> None:
+    """``obj`` as indented JSON on stdout (the ``--json`` outputs)."""
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
 
-    console = Console()
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
-        console = Console(width=PIPE_WIDTH)
-    return console
+
+def print_report(render: Callable[[int], Any]) -> None:
+    """Print a rich report made by ``render(width)`` (see :func:`vllm_probe.tui.format.report_console`)."""
+    from ..tui.format import report_console
+
+    console = report_console()
+    console.print(render(console.width))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -104,12 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return importlib.import_module(args._module).main(args)
-    except (CliError, SettingsError, RunDirError) as e:
+    except NoEventsError as e:
+        print(f"vllm-probe: error: {e}", file=sys.stderr)
+        return EXIT_NO_EVENTS
+    except (CliError, SettingsError, RunDirError, ExportError) as e:
         print(f"vllm-probe: error: {e}", file=sys.stderr)
         return getattr(e, "code", EXIT_USAGE)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `vllm-probe export ... | head`
+    except BrokenPipeError:  # `vllm-probe export ... | head`: the reader is gone; not an error
+        silence_stdout()
         return 0
     except Exception as e:  # a bug of ours: one line, not a traceback (VLLMPROBE_DEBUG=1 shows it)
         if os.environ.get(envvars.DEBUG) == "1":

@@ -1,10 +1,11 @@
-"""``vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto] [filters]``.
+"""``vllm-probe export RUN_DIR [-o FILE|-] [--format FORMAT] [filters]``.
 
-``jsonl`` (default): every engine core's events merged into one stream ordered by
-``ts``, verbatim, filtered (see :mod:`vllm_probe.exporters.jsonl`); a ``.gz`` output name is
-gzip-compressed. ``perfetto``: a Chrome/Perfetto trace-event JSON timeline (see
-:mod:`vllm_probe.exporters.perfetto`; the filters do not apply). Without ``-o`` the output is
-``RUN_DIR/events.jsonl`` or ``RUN_DIR/trace.json``; ``-o -`` writes to stdout.
+The formats are the registry of :mod:`vllm_probe.exporters.base`: ``jsonl`` (default;
+every engine core's events merged into one stream ordered by ``ts``, verbatim, filtered,
+see :mod:`vllm_probe.exporters.jsonl`) and ``perfetto`` (a Chrome/Perfetto timeline,
+:mod:`vllm_probe.exporters.perfetto`; the filters do not apply). A ``.gz`` output name is
+gzip-compressed. Without ``-o`` the output is the format's file in RUN_DIR
+(``events.jsonl``, ``trace.json``); ``-o -`` writes to stdout.
 
 What was read and skipped goes to stderr (one line), so stdout stays clean for pipes.
 
@@ -16,78 +17,53 @@ missing RUN_DIR, output not writable).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
-from ..exporters.jsonl import ExportError, Filters, export_jsonl
+from ..exporters.base import ExportError, exporters
+from ..exporters.jsonl import Filters
 from ..runs.reader import ReadStats
-from ..runs.rundir import resolve_run_dir
-from . import CliError
-
-EXIT_NO_EVENTS = 1
+from ..runs.rundir import NoEventsError, resolve_run_dir
+from . import EXIT_NO_EVENTS, CliError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    formats = exporters()
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
                    help="run directory (default: the latest under ./vllm-probe-runs/)")
     p.add_argument("-o", "--output", metavar="FILE",
-                   help="output file (.gz: compressed; '-': stdout). Default: RUN_DIR/events.jsonl "
-                        "or RUN_DIR/trace.json")
-    p.add_argument("--format", choices=("jsonl", "perfetto"), default="jsonl",
-                   help="jsonl: merged event lines (default); perfetto: trace-event JSON for "
-                        "ui.perfetto.dev / chrome://tracing")
+                   help="output file (.gz: compressed; '-': stdout). Default: the format's file in RUN_DIR ("
+                        + ", ".join(f.default_file for f in formats.values()) + ")")
+    p.add_argument("--format", choices=tuple(formats), default="jsonl",
+                   help="; ".join(f"{name}: {f.help}" for name, f in formats.items()))
     p.add_argument("--events", metavar="KINDS", help="comma-separated event kinds to keep, e.g. chunk,preempt")
     p.add_argument("--request", metavar="ID", help="keep only this request's events")
     p.add_argument("--from-step", type=int, metavar="N", help="first step to keep (per engine core)")
     p.add_argument("--to-step", type=int, metavar="N", help="last step to keep (inclusive)")
 
 
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so Python's final flush does not complain about the pipe."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except OSError:
-        pass
-
-
-def _default_output(run_dir: Path, fmt: str) -> Path:
-    return run_dir / ("trace.json" if fmt == "perfetto" else "events.jsonl")
-
-
 def main(args: argparse.Namespace) -> int:
     run_dir = resolve_run_dir(args.run_dir)
-    out = args.output or str(_default_output(run_dir, args.format))
+    exporter = exporters()[args.format]
+    out = args.output or str(run_dir / exporter.default_file)
+    filters = Filters.make(args.events, args.request, args.from_step, args.to_step)
+    if filters.active and not exporter.takes_filters:
+        takers = " / ".join(name for name, f in exporters().items() if f.takes_filters)
+        raise ExportError(f"--events/--request/--from-step/--to-step apply to --format {takers} only")
     stats = ReadStats()
     try:
-        if args.format == "perfetto":
-            if any(v is not None for v in (args.events, args.request, args.from_step, args.to_step)):
-                raise CliError("--events/--request/--from-step/--to-step apply to --format jsonl only")
-            from ..exporters.perfetto import export_perfetto
-
-            result = export_perfetto(run_dir, out, stats=stats)
-            written, what = result.trace_events, "trace events"
-        else:
-            filters = Filters.make(args.events, args.request, args.from_step, args.to_step)
-            result = export_jsonl(run_dir, out, filters, stats)
-            written, what = result.written, "events"
-    except ExportError as e:
-        code = EXIT_NO_EVENTS if str(e).startswith("no event") else 2
-        raise CliError(str(e), code) from None
-    except BrokenPipeError:  # `vllm-probe export RUN -o - | head`: the reader is gone; not an error
-        _silence_stdout()
-        return 0
+        result = exporter.export(run_dir, out, filters, stats)
+    except (NoEventsError, ExportError, BrokenPipeError):
+        raise
     except OSError as e:
         raise CliError(f"cannot write {out}: {e.strerror or e}") from None
     where = "stdout" if out == "-" else out
     print(f"vllm-probe: {stats.describe()} read from {len(stats.files)} file(s); "
-          f"{written} {what} written to {where}", file=sys.stderr)
+          f"{result.written} {result.unit} written to {where}", file=sys.stderr)
     if stats.events == 0:
         print(f"vllm-probe: error: no readable events in {run_dir}", file=sys.stderr)
         return EXIT_NO_EVENTS
-    if written == 0 or (args.format != "perfetto" and result.matched == 0):
-        context = " (only the engine_config context was written)" if written else ""
+    if result.matched == 0:
+        context = " (only the engine_config context was written)" if result.written else ""
         print(f"vllm-probe: no event matched the filters{context}", file=sys.stderr)
         return EXIT_NO_EVENTS
     return 0

@@ -9,11 +9,9 @@ On a finished run it shows the final state; ``--replay`` plays it back.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 from ..runs.rundir import resolve_run_dir
-from . import CliError
+from . import CliError, silence_stdout
 
 
 def _positive(kind: type):
@@ -47,17 +45,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     run_dir = resolve_run_dir(args.run_dir)
-    from ..tui import watch as live
+    from ..tui import watch
 
     if args.engine is not None and args.engine < 0:
         raise CliError(f"--engine must be >= 0, got {args.engine}")
     kw = dict(plain=args.plain, refresh_hz=args.refresh, engine=args.engine, chart_steps=args.window)
     try:
         if args.replay is not None:
-            return live.replay(run_dir, args.replay, **kw)
-        return live.follow(run_dir, keep_following=args.follow, **kw)
-    except BrokenPipeError:
-        # `vllm-probe tail --plain | head`: the reader went away; say nothing more.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+            return watch.replay(run_dir, args.replay, **kw)
+        return watch.follow(run_dir, keep_following=args.follow, **kw)
+    except BrokenPipeError:  # `vllm-probe tail --plain | head`: the reader went away
+        silence_stdout()
         return 0

@@ -18,28 +18,20 @@ Filters (all optional, combined with AND):
   ``state.RequestState.arrival_step`` counts), and are kept when that is in the range.
   ``engine_config`` lines are always kept (context).
 
-Output: a path (``.gz`` suffix → gzip-compressed), or ``-`` for stdout.
+Output: a path (``.gz`` suffix → gzip-compressed), or ``-`` for stdout
+(:func:`vllm_probe.exporters.base.output_stream`).
 """
 
 from __future__ import annotations
 
-import gzip
-import io
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
-from ..schema.events import KINDS
 from ..runs.reader import ReadStats, iter_run_lines
-from ..runs.rundir import event_files
-
-#: gzip level for ``.gz`` output: 6 is ~3x faster than the default 9 for 1-2 % more bytes.
-GZIP_LEVEL = 6
-
-
-class ExportError(Exception):
-    """Bad export request (unknown kind, bad range) or a run without events."""
+from ..runs.rundir import NoEventsError, event_files
+from ..schema.events import KINDS
+from .base import ExportError, ExportResult, output_stream
 
 
 @dataclass(frozen=True)
@@ -115,32 +107,8 @@ def filter_lines(pairs: Iterable[tuple[Any, bytes]], f: Filters) -> Iterator[tup
         yield pair
 
 
-def open_output(out: str | Path) -> tuple[BinaryIO, bool]:
-    """Binary stream for ``out`` (``-`` = stdout; ``*.gz`` = gzip); returns (stream, must_close)."""
-    if str(out) == "-":
-        return sys.stdout.buffer, False
-    path = Path(out)
-    if path.suffix == ".gz":
-        return gzip.open(path, "wb", compresslevel=GZIP_LEVEL), True
-    return open(path, "wb"), True
-
-
-@dataclass
-class JsonlResult:
-    """What :func:`export_jsonl` wrote (lines)."""
-
-    written: int = 0
-    #: ``engine_config`` lines kept only as context for a ``request`` / step filter
-    context: int = 0
-
-    @property
-    def matched(self) -> int:
-        """Lines the filters selected (everything written but the context)."""
-        return self.written - self.context
-
-
 def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filters | None = None,
-                 stats: ReadStats | None = None) -> JsonlResult:
+                 stats: ReadStats | None = None) -> ExportResult:
     """Write the run's events, merged by time and filtered, as JSON lines.
 
     Args:
@@ -149,32 +117,40 @@ def export_jsonl(run_dir: str | Path, out: str | Path | BinaryIO, filters: Filte
         filters: what to keep (default: everything).
         stats: receives the read/skip counts.
 
+    Returns:
+        Lines written; ``matched`` leaves out the ``engine_config`` lines kept only as
+        context for a request or step filter.
+
     Raises:
-        ExportError: the run has no event file.
+        NoEventsError: the run has no event file.
         OSError: the output cannot be written.
     """
     run_dir = Path(run_dir)
     stats = stats if stats is not None else ReadStats()
     if not event_files(run_dir):
-        raise ExportError(f"no event files (events-*.jsonl) in {run_dir}")
+        raise NoEventsError(f"no event files (events-*.jsonl) in {run_dir}")
     filters = filters or Filters()
     pairs = filter_lines(iter_run_lines(run_dir, stats), filters)
-    if isinstance(out, (str, Path)):
-        stream, close = open_output(out)
-    else:
-        stream, close = out, False
-    buf = io.BufferedWriter(stream, buffer_size=1 << 20) if isinstance(stream, gzip.GzipFile) else stream
     context_kind = "engine_config" if filters.active and filters.kinds is None else None
-    result = JsonlResult()
-    try:
-        write = buf.write
+    written = context = 0
+    with output_stream(out) as stream:
+        write = stream.write
         for ev, raw in pairs:
             write(raw)
-            result.written += 1
+            written += 1
             if ev.kind == context_kind:
-                result.context += 1
-        buf.flush()
-    finally:
-        if close:
-            stream.close()
-    return result
+                context += 1
+    return ExportResult(written=written, matched=written - context, unit="events")
+
+
+class JsonlExporter:
+    """``--format jsonl``: the run's lines, verbatim, merged by time and filtered."""
+
+    name = "jsonl"
+    default_file = "events.jsonl"
+    help = "merged event lines, verbatim (default)"
+    takes_filters = True
+
+    def export(self, run_dir: Path, out: str | Path | BinaryIO, filters: Filters | None,
+               stats: ReadStats) -> ExportResult:
+        return export_jsonl(run_dir, out, filters, stats)

@@ -1,27 +1,40 @@
-"""Start a command with the probe enabled and record the run (behind ``vllm-probe run``).
+"""Start a command with the probe enabled, supervise it, and record the run.
 
-The probe itself runs inside vLLM's processes (the plugin); this module only prepares
-the run directory and the environment that turns the plugin on, starts the command,
-passes signals on, and records how the command ended.
+The one process supervisor behind ``vllm-probe run`` and ``run --live``. The probe itself
+runs inside vLLM's processes (the plugin); this module prepares the run directory and
+the environment that turns the plugin on, starts the command (in the terminal's
+foreground, or in its own session with its output in ``command.log``), passes signals
+on or stops it step by step (:class:`Stopper`), and records how the command ended in
+``meta.json``. No view code: ``run --live`` draws with :mod:`vllm_probe.tui.watch`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Iterator
 
 from .. import __version__, envvars
 from .reader import ReadStats, iter_file
-from .rundir import META_FILE, RunDirError, create_run_dir, event_files, read_meta, write_meta
 from ..settings import Settings
+from .rundir import COMMAND_LOG, META_FILE, RunDirError, create_run_dir, event_files, read_meta, write_meta
+
+#: Seconds between SIGINT and SIGTERM (and between SIGTERM and SIGKILL) when a
+#: supervised command is stopped (Ctrl-C under ``run --live``).
+GRACE_S = 10.0
+#: Lines of ``command.log`` shown when the command fails.
+LOG_TAIL_LINES = 20
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class LaunchError(Exception):
@@ -123,7 +136,7 @@ def count_events(run_dir: Path) -> RunCounts:
     for path in event_files(run_dir):
         counts.files += 1
         dropped = 0
-        for ev in iter_file(path, counts.stats, typed=True):
+        for ev in iter_file(path, counts.stats):
             counts.kinds[ev.kind] += 1
             if ev.kind == "probe_stats":  # cumulative: the file's last one counts
                 dropped = ev.events_dropped or 0
@@ -131,7 +144,8 @@ def count_events(run_dir: Path) -> RunCounts:
     return counts
 
 
-def _exit_code(returncode: int) -> int:
+def exit_code(returncode: int) -> int:
+    """A process's exit status as a shell reports it: 128+N when killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
@@ -250,7 +264,7 @@ def run_foreground(command: list[str], settings: Settings, out: Path | None = No
     old_int = signal.signal(signal.SIGINT, lambda *_: None)  # the child gets Ctrl-C itself
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
-        code = _exit_code(_wait_passing_signals(proc))
+        code = exit_code(_wait_passing_signals(proc))
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
@@ -258,3 +272,129 @@ def run_foreground(command: list[str], settings: Settings, out: Path | None = No
     counts = count_events(run_dir)
     print(f"vllm-probe: {counts.describe()} in {run_dir}", file=sys.stderr, flush=True)
     return code
+
+
+class Stopper:
+    """Stops the command on request: SIGINT, then SIGTERM after a grace period, then SIGKILL.
+
+    Signals go to the command's process group (it runs in its own session, as a
+    terminal's Ctrl-C would reach every process of the foreground job).
+    """
+
+    def __init__(self, proc: subprocess.Popen, grace_s: float) -> None:
+        self.proc = proc
+        self.grace_s = grace_s
+        self.sent: list[str] = []
+        self.deadline: float | None = None
+        self.requested_by: str | None = None
+
+    def _send(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+        self.sent.append(signal.Signals(sig).name)
+        self.deadline = time.monotonic() + self.grace_s
+
+    def request(self, signum: int) -> None:
+        """Ctrl-C (SIGINT) or SIGTERM received: start or escalate the stop."""
+        if self.proc.poll() is not None:
+            return
+        self.requested_by = self.requested_by or signal.Signals(signum).name
+        if not self.sent:
+            self._send(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+        else:
+            self._escalate()
+
+    def _escalate(self) -> None:
+        if "SIGTERM" not in self.sent:
+            self._send(signal.SIGTERM)
+        elif "SIGKILL" not in self.sent:
+            self._send(signal.SIGKILL)
+
+    def tick(self) -> None:
+        """Escalate when the grace period is over."""
+        if self.deadline is not None and time.monotonic() > self.deadline and self.proc.poll() is None:
+            self._escalate()
+
+    def status(self) -> tuple[str, str]:
+        if not self.sent:
+            return f"● running (pid {self.proc.pid})", "bold green"
+        left = max((self.deadline or 0) - time.monotonic(), 0.0)
+        nxt = "SIGTERM" if "SIGTERM" not in self.sent else ("SIGKILL" if "SIGKILL" not in self.sent else None)
+        text = f"■ stopping: {', '.join(self.sent)} sent"
+        if nxt:
+            text += f"; {nxt} in {left:.0f} s (Ctrl-C again: now)"
+        return text, "bold yellow"
+
+
+class SupervisedRun:
+    """A command started with the probe in its own session, its stdout and stderr in
+    ``command.log`` of a new run directory, stopped step by step on request
+    (:class:`Stopper`). Behind ``vllm-probe run --live``.
+
+    Raises (from the constructor):
+        LaunchError, RunDirError: as :func:`start_run` and :func:`spawn`.
+    """
+
+    def __init__(self, command: list[str], settings: Settings, out: Path | None = None,
+                 grace_s: float = GRACE_S) -> None:
+        self.run_dir, self.meta = start_run(command, settings, out)
+        self.log_path = self.run_dir / COMMAND_LOG
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab", buffering=0) as log:
+            self.proc = spawn(command, self.run_dir, settings, stdout=log, stderr=subprocess.STDOUT)
+        self.stopper = Stopper(self.proc, grace_s)
+        self.started = time.time()
+
+    @property
+    def exit_code(self) -> int | None:
+        """The command's exit code once it ended (128+N when killed by signal N), else None."""
+        code = self.proc.poll()
+        return None if code is None else exit_code(code)
+
+    @contextmanager
+    def stop_on_signals(self) -> Iterator[None]:
+        """While inside: SIGINT and SIGTERM sent to us stop the command step by step."""
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in handlers:
+            signal.signal(sig, lambda signum, _frame: self.stopper.request(signum))
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+    def wait(self, poll_s: float = 0.1) -> int:
+        """Wait for the command (escalating a stop in progress), record its end in
+        ``meta.json``; returns its exit code."""
+        while self.proc.poll() is None:
+            self.stopper.tick()
+            time.sleep(poll_s)
+        code = exit_code(self.proc.returncode)
+        finish_run(self.run_dir, self.meta, code)
+        return code
+
+
+def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 32768) -> list[str]:
+    """The last ``lines`` non-empty lines of a log file, control characters removed.
+
+    A progress bar redrawn with carriage returns keeps only its latest state.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - max_bytes, 0))
+            data = f.read()
+    except OSError:
+        return []
+    out = []
+    for raw in data.decode("utf-8", "replace").split("\n"):
+        line = _CONTROL.sub("", raw.rsplit("\r", 1)[-1] if "\r" in raw.rstrip("\r") else raw.rstrip("\r")).rstrip()
+        if line:
+            out.append(line)
+    return out[-lines:]

@@ -1,14 +1,13 @@
-"""Reading event files: validated line parsing, time-ordered merging, live following.
+"""Reading event files: validated records, time-ordered merging, live following.
 
-Shared by every consumer (dashboard, export, summary, timeline). Each line is decoded
-into the typed record of its kind (:mod:`vllm_probe.schema.records`), which checks every field's
-JSON type against the schema, so no consumer ever does arithmetic on a string. Consumers
-get those records (``typed=True``: the state model and the summary) or their dicts (the
-plain log, the timeline). Bad input never raises: a line that is not a JSON object (JSON
-as msgspec reads it: strict, so ``NaN`` and out-of-range numbers are not), has a field
-of the wrong type, is of an unknown kind, or is a partial last line (the writer was
-mid-line) is skipped and counted in :class:`ReadStats`; a newer ``schema`` is read and
-counted.
+Shared by every consumer (state, summary, dashboard, exporters). Each line is decoded
+into the record of its kind (:mod:`vllm_probe.schema.records`), which checks every
+field's JSON type against the schema, so no consumer ever does arithmetic on a string;
+past this module there are only records. Bad input never raises: a line that is not a
+JSON object (JSON as msgspec reads it: strict, so ``NaN`` and out-of-range numbers are
+not), has a field of the wrong type, is of an unknown kind, or is a partial last line
+(the writer was mid-line) is skipped and counted in :class:`ReadStats`; a newer
+``schema`` is read and counted.
 """
 
 from __future__ import annotations
@@ -16,14 +15,14 @@ from __future__ import annotations
 import heapq
 import io
 import os
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import msgspec
 
-from ..schema import records as _typed
+from ..schema import records
 from ..schema.events import KINDS, SCHEMA_VERSION
 from .rundir import event_files
 
@@ -58,9 +57,9 @@ class ReadStats:
         return text
 
 
-def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False) -> Any | None:
-    """Decode one complete line: its event dict, or with ``typed`` its record
-    (:mod:`vllm_probe.schema.records`); None when it is skipped (counted in ``stats``).
+def parse_line(line: str | bytes, stats: ReadStats) -> Any | None:
+    """Decode one complete line into its record (:mod:`vllm_probe.schema.records`); None
+    when it is skipped (counted in ``stats``).
 
     This is the slow path that says why a line does not decode as a record; ``engine``
     absent or null reads as 0.
@@ -78,14 +77,14 @@ def parse_line(line: str | bytes, stats: ReadStats, typed: bool = False) -> Any 
         return None
     if ev.get("engine") is None:
         ev["engine"] = 0
-    rec = _typed.from_dict(ev)
+    rec = records.from_dict(ev)
     if rec is None:
         stats.malformed += 1
         return None
     if rec.schema is not None and rec.schema > SCHEMA_VERSION:
         stats.newer_schema += 1
     stats.events += 1
-    return rec if typed else _typed.to_dict(rec)
+    return rec
 
 
 def _read(path: Path, stats: ReadStats, with_lines: bool) -> Iterator:
@@ -103,7 +102,7 @@ def _decode_lines(lines: Iterable[bytes], stats: ReadStats, with_lines: bool) ->
     """The records of newline-terminated lines; ``(record, raw line)`` pairs
     ``with_lines``. A last line without its newline is partial: counted, not read.
     One loop for every reader: it is summary's hot path."""
-    decode, latest = _typed.decode, SCHEMA_VERSION
+    decode, latest = records.decode, SCHEMA_VERSION
     for raw in lines:
         if not raw.endswith(b"\n"):
             if raw.strip():
@@ -114,7 +113,7 @@ def _decode_lines(lines: Iterable[bytes], stats: ReadStats, with_lines: bool) ->
         except (ValueError, RecursionError):  # classify it (or take a null engine as 0)
             if not raw.strip():
                 continue
-            ev = parse_line(raw, stats, typed=True)
+            ev = parse_line(raw, stats)
             if ev is None:
                 continue
         else:
@@ -125,32 +124,29 @@ def _decode_lines(lines: Iterable[bytes], stats: ReadStats, with_lines: bool) ->
         yield (ev, raw) if with_lines else ev
 
 
-def iter_file(path: Path, stats: ReadStats, typed: bool = False) -> Iterator:
-    """Stream the events of one file in file order: dicts, or with ``typed`` the records
-    of :mod:`vllm_probe.schema.records` (what ``RunState`` and ``summary`` read fastest)."""
-    if typed:
-        return _read(path, stats, False)
-    return map(_typed.to_dict, _read(path, stats, False))
+def iter_file(path: Path, stats: ReadStats) -> Iterator:
+    """Stream the records of one file in file order."""
+    return _read(path, stats, False)
 
 
 #: Sort key of records by time (``ts``, epoch s).
 record_ts = attrgetter("ts")
 
 
-def iter_run(run_dir: Path, stats: ReadStats, typed: bool = False) -> Iterator:
-    """Stream every event of a run, merged across files in time order.
+def iter_run(run_dir: Path, stats: ReadStats) -> Iterator:
+    """Stream every record of a run, merged across files in time order.
 
     Memory: one pending event per file (``heapq.merge``). Files of different engine
     cores interleave by ``ts``; within a file, order is the file's (the writer's).
     """
-    streams = [iter_file(p, stats, typed) for p in event_files(run_dir)]
+    streams = [iter_file(p, stats) for p in event_files(run_dir)]
     if len(streams) == 1:
         return streams[0]
-    return heapq.merge(*streams, key=record_ts if typed else itemgetter("ts"))
+    return heapq.merge(*streams, key=record_ts)
 
 
 def iter_file_lines(path: Path, stats: ReadStats) -> Iterator[tuple[Any, bytes]]:
-    """Like :func:`iter_file` with ``typed``, yielding ``(record, raw line)`` pairs for
+    """Like :func:`iter_file`, yielding ``(record, raw line)`` pairs for
     verbatim export; lines are classified (and counted in ``stats``) the same way."""
     return _read(path, stats, True)
 
@@ -181,9 +177,9 @@ class Follower:
         self._rest: dict[Path, bytes] = {}
         self._chunk = chunk_bytes
 
-    def poll(self, max_bytes: int | None = None, typed: bool = False) -> list:
-        """Read what is new (at most ``max_bytes`` per file per call when given): event
-        dicts, or with ``typed`` records (:mod:`vllm_probe.schema.records`)."""
+    def poll(self, max_bytes: int | None = None) -> list:
+        """The records completed since the last call (at most ``max_bytes`` read per file
+        per call when given)."""
         out: list = []
         for path in event_files(self.run_dir):
             self.stats.files.add(str(path))
@@ -207,7 +203,7 @@ class Follower:
             if end < len(data):
                 self._rest[path] = data[end:]
             out.extend(_decode_lines(io.BytesIO(data[:end]), self.stats, False))
-        return out if typed else [_typed.to_dict(ev) for ev in out]
+        return out
 
     def pending_partial(self) -> int:
         """Lines currently incomplete (writer mid-line, or a truncated file's end)."""

@@ -32,6 +32,10 @@ class RunDirError(Exception):
     """A run directory is missing, unreadable or cannot be created."""
 
 
+class NoEventsError(Exception):
+    """A run holds no usable event: no event file, or every line skipped."""
+
+
 def _slug(command: list[str]) -> str:
     words = [Path(w).stem for w in command if not w.startswith("-")]
     # prefer the script or module name over the interpreter

@@ -1,11 +1,11 @@
-"""Typed events: one msgspec Struct per event kind, generated from :mod:`vllm_probe.schema.events`.
+"""Event records: one msgspec Struct per event kind, generated from :mod:`vllm_probe.schema.events`.
 
-Every reader (:mod:`vllm_probe.runs.reader`) decodes each line into the Struct of its kind:
-that checks each field's JSON type against the schema, takes about 60 % of the time of
-decoding a dict (no key objects, no hashing), and attribute reads are cheaper than
-``dict.get`` — what brings ``summary`` over its 300,000 events/s target
-(docs/performance.md). ``RunState`` and ``summary`` use the Structs; views that print
-fields by name (plain log, Perfetto export) get them back as dicts (:func:`to_dict`).
+Every reader (:mod:`vllm_probe.runs.reader`) decodes each line into the record of its
+kind, and past the reader there are only records: the state model, the summary, the
+views and the exporters read attributes. Decoding into a Struct checks each field's JSON
+type against the schema, takes about 60 % of the time of decoding a dict (no key
+objects, no hashing), and attribute reads are cheaper than ``dict.get`` — what brings
+``summary`` over its 300,000 events/s target (docs/performance.md).
 
 A record's kind is its class attribute ``kind`` (the line's ``event``). Every field but
 ``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as None, and
@@ -56,7 +56,7 @@ decode = msgspec.json.Decoder(Event).decode
 
 
 def from_dict(ev: dict) -> Any | None:
-    """The Struct of an event dict (as :func:`vllm_probe.runs.reader.parse_line` returns them);
+    """The record of an event given as a dict (a decoded line, a hand-made stream);
     None when a field has the wrong type or the kind is unknown."""
     cls = STRUCTS.get(ev.get("event"))  # by kind: converting to the union is ~8x slower
     if cls is None:
@@ -66,9 +66,3 @@ def from_dict(ev: dict) -> Any | None:
     except msgspec.ValidationError:
         return None
 
-
-def to_dict(ev: Any) -> dict:
-    """The event as a dict, ``event`` first, without the fields that were absent or null."""
-    out = {"event": ev.kind}
-    out.update((k, v) for k, v in msgspec.structs.asdict(ev).items() if v is not None)
-    return out

@@ -1,57 +1,47 @@
-"""Watching a run: the follow / replay loops behind ``vllm-probe tail`` and ``run --live``.
+"""Watching a run: the follow / replay loops behind ``vllm-probe tail`` and the view loop
+of ``vllm-probe run --live``.
 
 :class:`Watcher` reads a run directory (files that appear later included) into a
 :class:`~vllm_probe.analysis.state.RunState` and turns it into the dashboard
-(:func:`vllm_probe.tui.dashboard.render_dashboard`) or ``--plain`` lines
+(:func:`vllm_probe.tui.layout.render_dashboard`) or ``--plain`` lines
 (:class:`vllm_probe.tui.plain.PlainFormatter`). :func:`follow` and :func:`replay` drive it
-for ``tail``; :func:`run_live` starts a command (through :mod:`vllm_probe.runs.launcher`)
-and shows the dashboard while it runs.
+for ``tail``; :func:`run_live` shows it while a command supervised by
+:class:`vllm_probe.runs.launcher.SupervisedRun` runs.
 
-The screen is redrawn at most ``refresh_hz`` times per second with rich's ``Live``
-(not on the alternate screen, so the final frame stays in the terminal). When the
-output is not a terminal the dashboard is printed once, at the end, at its natural
-height.
+The screen is redrawn at most ``refresh_hz`` times per second
+(:class:`~vllm_probe.tui.terminal.Screen`: rich's ``Live``, not on the alternate screen,
+so the final frame stays in the terminal). When the output is not a terminal the
+dashboard is printed once, at the end, at its natural height.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Iterator
 
 from rich.console import Console, RenderableType
-from rich.live import Live
 from rich.panel import Panel
 from rich.text import Text
 
-from .dashboard import View, fmt_duration, render_dashboard
-from ..runs.launcher import _exit_code, count_events, finish_run, spawn, start_run
-from .plain import PlainFormatter
+from ..runs.launcher import GRACE_S, LOG_TAIL_LINES, SupervisedRun, count_events, read_log_tail
 from ..runs.reader import Follower, ReadStats, iter_run, record_ts
-from ..runs.rundir import COMMAND_LOG, read_meta
+from ..runs.rundir import read_meta
 from ..settings import Settings
 from ..analysis.state import RunState
-from ..schema.records import to_dict
+from .dashboard import View
+from .format import duration
+from .layout import render_dashboard
+from .plain import PlainFormatter
+from .terminal import REFRESH_HZ, Screen
 
-#: Dashboard redraws per second (default of ``--refresh``).
-REFRESH_HZ = 4.0
 #: Seconds between two looks at the run directory while following.
 POLL_S = 0.1
 #: Bytes read per file per look (bounds memory on a large finished run).
 READ_CHUNK = 4 << 20
-#: Seconds between SIGINT and SIGTERM (and between SIGTERM and SIGKILL) on Ctrl-C.
-GRACE_S = 10.0
-#: Lines of ``command.log`` shown when the command fails.
-LOG_TAIL_LINES = 20
 #: A replay shortens idle gaps between events longer than this (s of event time).
 REPLAY_MAX_GAP_S = 5.0
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]|\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class Watcher:
@@ -70,7 +60,7 @@ class Watcher:
         self.stats = ReadStats()
         self.state = RunState(step_window=max(chart_steps or 0, 600))
         self.follower = Follower(self.run_dir, self.stats)
-        self.formatter = PlainFormatter() if plain_out is not None else None
+        self.formatter = PlainFormatter(self.state) if plain_out is not None else None
         self.out = plain_out
         self.engine = engine
         self.chart_steps = chart_steps
@@ -78,13 +68,13 @@ class Watcher:
         self.behind = False  # the last pump stopped on its time budget with data left
 
     def apply(self, ev) -> None:
-        """Apply one event record (:mod:`vllm_probe.schema.records`) to the state and print its
+        """Apply one record (:mod:`vllm_probe.schema.records`) to the state and print its
         plain line (if any)."""
         if self.engine is not None and ev.engine != self.engine:
             return
         self.state.apply(ev)
         if self.formatter is not None:
-            line = self.formatter.format(to_dict(ev))
+            line = self.formatter.format(ev)
             if line is not None:
                 self.out.write(line + "\n")
 
@@ -98,7 +88,7 @@ class Watcher:
         total = 0
         self.behind = False
         while True:
-            batch = self.follower.poll(READ_CHUNK, typed=True)
+            batch = self.follower.poll(READ_CHUNK)
             if not batch:
                 break
             batch.sort(key=record_ts)  # files of several engine cores interleave
@@ -125,119 +115,6 @@ class Watcher:
         return render_dashboard(self.state, meta, self.stats, width=width, height=height, now=now, view=view)
 
 
-class Screen:
-    """rich ``Live`` redrawn at most ``refresh_hz`` times per second, sized to the terminal.
-
-    On a non-terminal nothing is drawn until :meth:`final`, which prints the last frame
-    at its natural height. Never raises from a render: a failing frame is replaced by
-    a one-line message (the loop goes on).
-    """
-
-    def __init__(self, console: Console, refresh_hz: float = REFRESH_HZ, enabled: bool = True) -> None:
-        self.console = console
-        self.interval = 1.0 / max(refresh_hz, 0.1)
-        self.enabled = enabled
-        self.live: Live | None = None
-        self._next = 0.0
-        self._tty: tuple[int, list] | None = None
-
-    def __enter__(self) -> "Screen":
-        if self.enabled and self.console.is_terminal:
-            self._tty = _echo_off()
-            self.live = Live(console=self.console, auto_refresh=False, vertical_overflow="crop",
-                             redirect_stdout=False, redirect_stderr=False)
-            self.live.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.live is not None:
-            self.live.stop()
-            self.live = None
-        _echo_restore(self._tty)
-        self._tty = None
-
-    def _render(self, make: Callable[[int, int | None], RenderableType], natural: bool) -> RenderableType:
-        width, height = self.console.size
-        try:
-            return make(width, None if natural else max(height - 1, 1))
-        except Exception as e:  # a view bug must not kill the loop (nor the run)
-            return Text(f"vllm-probe: the dashboard failed to render: {type(e).__name__}: {e}", style="bold red")
-
-    def show(self, make: Callable[[int, int | None], RenderableType], force: bool = False) -> None:
-        """Redraw if the refresh interval has passed (or ``force``)."""
-        if self.live is None:
-            return
-        now = time.monotonic()
-        if not force and now < self._next:
-            return
-        self._next = now + self.interval
-        self.live.update(self._render(make, natural=False), refresh=True)
-
-    def final(self, make: Callable[[int, int | None], RenderableType]) -> None:
-        """Draw the last frame and leave it on the screen."""
-        if not self.enabled:
-            return
-        if self.live is not None:
-            self.live.update(self._render(make, natural=False), refresh=True)
-            self.live.stop()
-            self.live = None
-        else:
-            self.console.print(self._render(make, natural=True))
-
-
-def _echo_off() -> tuple[int, list] | None:
-    """Stop the terminal from echoing keys (``^C`` would shift the redrawn frame by a line).
-
-    Only when stdin is the terminal and we are its foreground job (changing it from the
-    background would stop us with SIGTTOU). Returns what :func:`_echo_restore` needs.
-    """
-    try:
-        import termios
-
-        fd = sys.stdin.fileno()
-        if not os.isatty(fd) or os.tcgetpgrp(fd) != os.getpgrp():
-            return None
-        old = termios.tcgetattr(fd)
-        new = termios.tcgetattr(fd)
-        new[3] &= ~(termios.ECHO | termios.ECHOCTL)
-        termios.tcsetattr(fd, termios.TCSANOW, new)
-        return fd, old
-    except Exception:  # no termios, no tty, closed stdin: leave the terminal as it is
-        return None
-
-
-def _echo_restore(saved: tuple[int, list] | None) -> None:
-    if saved is None:
-        return
-    try:
-        import termios
-
-        termios.tcsetattr(saved[0], termios.TCSADRAIN, saved[1])
-    except Exception:
-        pass
-
-
-def read_log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 32768) -> list[str]:
-    """The last ``lines`` non-empty lines of a log file, control characters removed.
-
-    A progress bar redrawn with carriage returns keeps only its latest state.
-    """
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(size - max_bytes, 0))
-            data = f.read()
-    except OSError:
-        return []
-    out = []
-    for raw in data.decode("utf-8", "replace").split("\n"):
-        line = _CONTROL.sub("", raw.rsplit("\r", 1)[-1] if "\r" in raw.rstrip("\r") else raw.rstrip("\r")).rstrip()
-        if line:
-            out.append(line)
-    return out[-lines:]
-
-
 def _run_status(meta: dict, now: float) -> tuple[str, str]:
     """Status line and style from ``meta.json``."""
     if not meta:
@@ -247,13 +124,8 @@ def _run_status(meta: dict, now: float) -> tuple[str, str]:
         return "● live", "bold green"
     dur = end - meta["start_time"] if meta.get("start_time") else None
     if code == 0:
-        return f"finished · exit 0 · {fmt_duration(dur)}", "bold green"
-    return f"finished · exit {code} · {fmt_duration(dur)}", "bold red"
-
-
-def _safe_print(out: IO[str], text: str) -> None:
-    out.write(text + "\n")
-    out.flush()
+        return f"finished · exit 0 · {duration(dur)}", "bold green"
+    return f"finished · exit {code} · {duration(dur)}", "bold red"
 
 
 def follow(run_dir: Path, *, plain: bool = False, refresh_hz: float = REFRESH_HZ, engine: int | None = None,
@@ -331,7 +203,7 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     speed = speed if speed and speed > 0 else 1.0
     watcher = Watcher(run_dir, plain_out=out if plain else None, engine=engine, chart_steps=chart_steps)
     meta = read_meta(run_dir)
-    events: Iterator = iter_run(run_dir, watcher.stats, typed=True)
+    events: Iterator = iter_run(run_dir, watcher.stats)
     clock: dict[str, Any] = {"ev": None, "wall": time.monotonic()}
     first_ts = [None]
     interrupted = False
@@ -343,7 +215,7 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
 
     def make(width: int, height: int | None) -> RenderableType:
         now = event_now()
-        pos = f" · t+{fmt_duration(now - first_ts[0])}" if now is not None and first_ts[0] is not None else ""
+        pos = f" · t+{duration(now - first_ts[0])}" if now is not None and first_ts[0] is not None else ""
         status = f"▶ replay {speed:g}×{pos}" + (" · stopped (Ctrl-C)" if interrupted else "")
         return watcher.frame(width, height, now=now, meta={**meta, "end_time": None}, status=status,
                              status_style="bold cyan", notice=None if watcher.state.engines else "no events yet")
@@ -380,63 +252,6 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     return 0
 
 
-class _Stopper:
-    """Stops the command on request: SIGINT, then SIGTERM after a grace period, then SIGKILL.
-
-    Signals go to the command's process group (it runs in its own session, as a
-    terminal's Ctrl-C would reach every process of the foreground job).
-    """
-
-    def __init__(self, proc: subprocess.Popen, grace_s: float) -> None:
-        self.proc = proc
-        self.grace_s = grace_s
-        self.sent: list[str] = []
-        self.deadline: float | None = None
-        self.requested_by: str | None = None
-
-    def _send(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            try:
-                self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-        self.sent.append(signal.Signals(sig).name)
-        self.deadline = time.monotonic() + self.grace_s
-
-    def request(self, signum: int) -> None:
-        """Ctrl-C (SIGINT) or SIGTERM received: start or escalate the stop."""
-        if self.proc.poll() is not None:
-            return
-        self.requested_by = self.requested_by or signal.Signals(signum).name
-        if not self.sent:
-            self._send(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-        else:
-            self._escalate()
-
-    def _escalate(self) -> None:
-        if "SIGTERM" not in self.sent:
-            self._send(signal.SIGTERM)
-        elif "SIGKILL" not in self.sent:
-            self._send(signal.SIGKILL)
-
-    def tick(self) -> None:
-        """Escalate when the grace period is over."""
-        if self.deadline is not None and time.monotonic() > self.deadline and self.proc.poll() is None:
-            self._escalate()
-
-    def status(self) -> tuple[str, str]:
-        if not self.sent:
-            return f"● running (pid {self.proc.pid})", "bold green"
-        left = max((self.deadline or 0) - time.monotonic(), 0.0)
-        nxt = "SIGTERM" if "SIGTERM" not in self.sent else ("SIGKILL" if "SIGKILL" not in self.sent else None)
-        text = f"■ stopping: {', '.join(self.sent)} sent"
-        if nxt:
-            text += f"; {nxt} in {left:.0f} s (Ctrl-C again: now)"
-        return text, "bold yellow"
-
-
 def run_live(command: list[str], settings: Settings, out: Path | str | None = None, *,
              grace_s: float = GRACE_S, refresh_hz: float = REFRESH_HZ, console: Console | None = None) -> int:
     """``vllm-probe run --live``: run ``command`` with the probe, dashboard in this terminal.
@@ -449,75 +264,57 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
     by signal N). When stdout is not a terminal, ``--plain`` lines are printed instead.
 
     Raises:
-        LaunchError, RunDirError: as :func:`vllm_probe.runs.launcher.start_run`.
+        LaunchError, RunDirError: as :class:`vllm_probe.runs.launcher.SupervisedRun`.
     """
     console = console or Console()
     plain = not console.is_terminal
-    run_dir, meta = start_run(command, settings, Path(out) if out is not None else None)
-    log_path = run_dir / COMMAND_LOG
-    print(f"vllm-probe: events -> {run_dir}  (command output -> {log_path})", file=sys.stderr, flush=True)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "ab", buffering=0) as log:
-        proc = spawn(command, run_dir, settings, stdout=log, stderr=subprocess.STDOUT)
-    stopper = _Stopper(proc, grace_s)
-    watcher = Watcher(run_dir, plain_out=sys.stdout if plain else None)
-    started = time.time()
-    shown_meta = dict(meta)  # what the header shows; gets the end time when the command ends
+    run = SupervisedRun(command, settings, Path(out) if out is not None else None, grace_s)
+    print(f"vllm-probe: events -> {run.run_dir}  (command output -> {run.log_path})", file=sys.stderr, flush=True)
+    watcher = Watcher(run.run_dir, plain_out=sys.stdout if plain else None)
+    shown_meta = dict(run.meta)  # what the header shows; gets the end time when the command ends
 
     def make(width: int, height: int | None) -> RenderableType:
-        code = proc.returncode
+        code = run.exit_code
         if code is None:
-            status, style = stopper.status()
+            status, style = run.stopper.status()
         else:
-            code = _exit_code(code)
             style = "bold green" if code == 0 else "bold red"
-            status = f"finished · exit {code} · {fmt_duration(time.time() - started)}"
-            if stopper.sent:
-                status += f" (stopped: {', '.join(stopper.sent)})"
+            status = f"finished · exit {code} · {duration(time.time() - run.started)}"
+            if run.stopper.sent:
+                status += f" (stopped: {', '.join(run.stopper.sent)})"
         notice = log_tail = None
         if not watcher.state.engines:
-            log_tail = read_log_tail(log_path, 8)
-            notice = (f"starting: no events yet ({fmt_duration(time.time() - started)}; vLLM's start-up takes a while)"
+            log_tail = read_log_tail(run.log_path, 8)
+            notice = (f"starting: no events yet ({duration(time.time() - run.started)}; vLLM's start-up takes a while)"
                       if code is None else "the command ended before the engine wrote events")
         return watcher.frame(width, height, now=time.time(), meta=shown_meta, status=status, status_style=style,
                              log_tail=log_tail, notice=notice)
 
-    handlers = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.getsignal(signal.SIGTERM)}
-    for sig in handlers:
-        signal.signal(sig, lambda signum, _frame: stopper.request(signum))
-    try:
+    with run.stop_on_signals():
         try:
             with Screen(console, refresh_hz, enabled=not plain) as screen:
-                while proc.poll() is None:
+                while run.exit_code is None:
                     watcher.pump(budget_s=0.2)
-                    stopper.tick()
+                    run.stopper.tick()
                     screen.show(make)
                     if not watcher.behind:
                         time.sleep(POLL_S)
-                code = _exit_code(proc.returncode)
-                finish_run(run_dir, meta, code)
-                shown_meta.update(read_meta(run_dir))
+                code = run.wait()
+                shown_meta.update(read_meta(run.run_dir))
                 _drain(watcher)
                 screen.final(make)
         except Exception as e:  # the dashboard failed: the command must still end properly
             print(f"vllm-probe: live view stopped ({type(e).__name__}: {e}); waiting for the command",
                   file=sys.stderr, flush=True)
-            while proc.poll() is None:
-                stopper.tick()
-                time.sleep(POLL_S)
-            code = _exit_code(proc.returncode)
-            finish_run(run_dir, meta, code)
-    finally:
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
+            code = run.wait()
     if code != 0:
-        tail = read_log_tail(log_path, LOG_TAIL_LINES)
+        tail = read_log_tail(run.log_path, LOG_TAIL_LINES)
         err = Console(stderr=True)
-        err.print(Panel(Text("\n".join(tail) or "(no output)"), title=f"last lines of {log_path}",
+        err.print(Panel(Text("\n".join(tail) or "(no output)"), title=f"last lines of {run.log_path}",
                         title_align="left", border_style="red"))
         err.print(f"vllm-probe: the command exited with code {code}", style="bold red", highlight=False)
-    counts = count_events(run_dir)
-    print(f"vllm-probe: {counts.describe()} in {run_dir}", file=sys.stderr, flush=True)
+    counts = count_events(run.run_dir)
+    print(f"vllm-probe: {counts.describe()} in {run.run_dir}", file=sys.stderr, flush=True)
     return code
 
 

@@ -1,0 +1,143 @@
+"""Each per-step and per-request figure, defined once.
+
+Every view (dashboard, ``--plain`` lines, summary, compare, the timeline) and every rule
+reads its figures from here or from the state built with them
+(:mod:`vllm_probe.analysis.state`), so a figure means the same wherever it is shown.
+Pure functions of event fields (units as in docs/events.md); no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+#: Names of the limits :func:`bound_by` can return, in tie-break order.
+LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
+
+
+def budget_use(scheduled: int, budget: int | None) -> float | None:
+    """Share of a step's token budget it scheduled (0..1): ``scheduled_tokens /
+    token_budget`` of a ``step`` event; None when the budget is unknown or 0."""
+    return scheduled / budget if budget else None
+
+
+def unused_budget(scheduled: int, budget: int | None) -> int:
+    """Tokens of a step's budget left unscheduled (tokens, >= 0; 0 when unknown)."""
+    return max((budget or 0) - scheduled, 0)
+
+
+def prefill_share(prefill_tokens: int, decode_tokens: int) -> float | None:
+    """Prefill tokens / (prefill + decode) tokens (0..1); None when both are 0."""
+    total = prefill_tokens + decode_tokens
+    return prefill_tokens / total if total else None
+
+
+def bound_by(scheduled: int, budget: int | None, running: int, waiting: int, preempted: bool,
+             max_num_seqs: int | None) -> str:
+    """Which limit held a step back (one of :data:`LIMITS`), from its ``step`` event's
+    ``scheduled_tokens``, ``token_budget`` (None: unknown), ``running``, ``waiting``
+    (requests), whether it preempted, and the engine's ``max_num_seqs``.
+
+    ``token_budget``: the step used its whole budget. ``max_num_seqs``: requests wait
+    while the running queue is full. ``kv_cache``: a preemption happened, or requests
+    wait with budget and sequence slots to spare (in vLLM's V1 scheduler,
+    ``vllm/v1/core/sched/scheduler.py``, the remaining reason not to admit them is that
+    their KV blocks cannot be allocated). ``none``: nothing waits; the workload, not a
+    limit, set the batch.
+    """
+    if budget is not None and scheduled >= budget:
+        return "token_budget"
+    if waiting and max_num_seqs is not None and running >= max_num_seqs:
+        return "max_num_seqs"
+    if waiting or preempted:
+        return "kv_cache"
+    return "none"
+
+
+def chunk_reread_tokens(chunk_index: int, start: int) -> int:
+    """KV tokens a prefill chunk reads again because its prompt was chunked (tokens).
+
+    Seed notes §3.4: from the second chunk of a pass on, attention reads the KV of every
+    earlier position of the pass. Chunk ``k >= 1`` with positions ``[start, end)`` reads
+    the ``start`` entries computed before it; a single-shot prefill of the same pass
+    reads only the prefix-cache hits of its first chunk, which the chunked pass reads
+    too. So the sum over a run is exactly the extra KV reading chunking caused (a
+    5,000-token prompt cut 2,048 / 2,048 / 904 re-reads 2,048 + 4,096 = 6,144).
+    """
+    return start if chunk_index >= 1 else 0
+
+
+def per_second(amount: float, span_s: float | None) -> float | None:
+    """``amount`` per second of ``span_s`` (None when the span is unknown or 0)."""
+    return amount / span_s if span_s else None
+
+
+# -- distributions ------------------------------------------------------------------------
+
+
+def quantile(sorted_values: list[float], q: float) -> float | None:
+    """Linear-interpolation quantile of already sorted values (None when empty).
+
+    numpy's default ("linear") method: the median of 1, 2, 3, 4 is 2.5.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    pos = q * (n - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    frac = pos - lo
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac
+
+
+def _nth_from_counts(items: list[tuple[float, int]], rank: int) -> float:
+    """Value at 0-based ``rank`` of the multiset given as sorted ``(value, count)`` pairs."""
+    seen = 0
+    for value, count in items:
+        seen += count
+        if rank < seen:
+            return value
+    return items[-1][0]
+
+
+def quantile_from_counts(counts: dict[float, int], q: float) -> float | None:
+    """:func:`quantile` of a histogram ``{value: count}`` without expanding it."""
+    n = sum(counts.values())
+    if n == 0:
+        return None
+    items = sorted(counts.items())
+    pos = q * (n - 1)
+    lo = math.floor(pos)
+    a = _nth_from_counts(items, lo)
+    b = _nth_from_counts(items, min(lo + 1, n - 1))
+    return a + (b - a) * (pos - lo)
+
+
+@dataclass
+class Distribution:
+    """Count, mean, median, p90 and max of a set of values (None when empty); the unit
+    is the values' own."""
+
+    n: int = 0
+    mean: float | None = None
+    median: float | None = None
+    p90: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: Iterable[float | None]) -> "Distribution":
+        """Of ``values`` (None values left out)."""
+        vals = sorted(v for v in values if v is not None)
+        if not vals:
+            return cls()
+        return cls(len(vals), sum(vals) / len(vals), quantile(vals, 0.5), quantile(vals, 0.9), vals[-1])
+
+    @classmethod
+    def of_counts(cls, counts: dict[float, int]) -> "Distribution":
+        """Of a histogram ``{value: count}``."""
+        n = sum(counts.values())
+        if n == 0:
+            return cls()
+        return cls(n, sum(v * c for v, c in counts.items()) / n, quantile_from_counts(counts, 0.5),
+                   quantile_from_counts(counts, 0.9), max(counts))

@@ -1,0 +1,96 @@
+"""How a figure reads: one formatting for the dashboard, summary, compare and doctor views.
+
+The same value reads the same wherever it is shown (0.85 s is "850 ms" everywhere).
+Unknown values (None) read as :data:`UNKNOWN`. The ``--plain`` lines keep their own
+machine-friendly rule for counts (no thousands separators) and use :func:`pct` here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: What an unknown figure reads as.
+UNKNOWN = "-"
+
+#: Width of reports written to a pipe or file (rich would use 80 and cut table cells).
+PIPE_WIDTH = 160
+
+
+def count(v: int | float | None) -> str:
+    """An integer figure with thousands separators: ``1,024``."""
+    return UNKNOWN if v is None else f"{int(v):,}"
+
+
+def pct(v: float | None) -> str:
+    """A share 0..1 as a percentage: one decimal below 10 % (``4.5%``), else whole (``73%``)."""
+    if v is None:
+        return UNKNOWN
+    return f"{100 * v:.1f}%" if 0 < v < 0.1 else f"{100 * v:.0f}%"
+
+
+def duration(s: float | None) -> str:
+    """Seconds as ``0.4 ms``, ``5.5 ms``, ``850 ms``, ``2.31 s``, ``1m 05s``, ``2h 03m``."""
+    if s is None:
+        return UNKNOWN
+    if s < 0.01:
+        return f"{s * 1000:.1f} ms"
+    if s < 1.0:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.2f} s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60):02d}s"
+    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+
+
+def micros(v: float | None) -> str:
+    """Microseconds as ``310 µs`` or, from 1,000 µs, ``1.20 ms``."""
+    if v is None:
+        return UNKNOWN
+    return f"{v:.0f} µs" if v < 1000 else f"{v / 1000:.2f} ms"
+
+
+def number(v: float | None) -> str:
+    """A non-integer figure: ``827.9`` from 10 on, ``2.25`` below; integers as :func:`count`."""
+    if v is None:
+        return UNKNOWN
+    if isinstance(v, int) or float(v).is_integer():
+        return count(v)
+    return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def figure(value: Any, unit: str = "") -> str:
+    """A figure by its unit: ``%`` (share 0..1), ``s``, ``µs``, else a count or number;
+    booleans read ``on``/``off`` and strings as they are."""
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        return value
+    if unit == "%":
+        return pct(value)
+    if unit == "s":
+        return duration(value)
+    if unit == "µs":
+        return micros(value)
+    return number(value)
+
+
+def kv_capacity(capacity_tokens: int | None, blocks: int | None, block_size: int | None) -> tuple[str, str]:
+    """The KV cache of an ``engine_config`` as ``("8,064 tok", "(64 blocks × 128, 1
+    reserved)")``: vLLM reserves block 0 (the null block), so the capacity is
+    ``(blocks - 1) × block_size`` tokens."""
+    return f"{count(capacity_tokens)} tok", f"({count(blocks)} blocks × {count(block_size)}, 1 reserved)"
+
+
+def report_console():
+    """A rich Console for reports (summary, compare, doctor): the terminal's width, or
+    ``$COLUMNS``, or :data:`PIPE_WIDTH` when the output is not a terminal."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(width=PIPE_WIDTH)
+    return console

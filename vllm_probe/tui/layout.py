@@ -1,0 +1,156 @@
+"""The dashboard for a terminal of ``width`` × ``height`` cells: which panels of
+:mod:`vllm_probe.tui.dashboard` fit, and how many rows each gets.
+
+Panels in priority order when the terminal is short: header, current step, rolling
+chart, preemptions, prefills in flight, requests (and the command's output while no
+event has arrived). From :data:`WIDE_WIDTH` columns the middle has two columns:
+[current step + chart] | [preemptions + prefills in flight]. Below
+:data:`~vllm_probe.tui.dashboard.MIN_FULL_WIDTH` ×
+:data:`~vllm_probe.tui.dashboard.MIN_FULL_HEIGHT` the compact view is shown. Pure: no
+I/O, no clock; the caller (:mod:`vllm_probe.tui.watch`) owns the loop and passes ``now``.
+"""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+
+from ..analysis.state import PREFILL, RunState
+from ..runs.reader import ReadStats
+from .charts import WARN_STYLE, line
+from .dashboard import (
+    CHART_MIN_ROWS, CHART_ROWS, MIN_FULL_HEIGHT, MIN_FULL_WIDTH, PREEMPT_ROWS, View, chart_panel, compact_view,
+    current_multi_panel, current_panel, header_panel, log_panel, preemptions_panel, prefills_panel, requests_panel,
+)
+
+#: From this many columns on, the middle of the dashboard has two columns.
+WIDE_WIDTH = 140
+
+
+def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats | None = None, *,
+                     width: int = 120, height: int | None = None, now: float | None = None,
+                     view: View | None = None) -> RenderableType:
+    """The dashboard for a terminal of ``width`` × ``height`` cells (height None: natural).
+
+    Args:
+        state: the run's state (events applied).
+        meta: the run's ``meta.json`` (command line, start/end time, exit code).
+        stats: the reader's counts of events read and lines skipped.
+        width, height: terminal size in cells; the result never exceeds it.
+        now: current time in epoch seconds (wall clock live, event time in a replay);
+            default: the last event's time.
+        view: status line and other caller-side facts (:class:`View`).
+    """
+    meta = meta or {}
+    view = view or View()
+    now = now if now is not None else (state.last_ts or meta.get("end_time") or meta.get("start_time") or 0.0)
+    width = max(int(width), 10)
+    engines = [state.engines[i] for i in state.engine_ids()
+               if view.engine is None or i == view.engine]
+    multi = len(engines) > 1
+    if width < MIN_FULL_WIDTH or (height is not None and height < MIN_FULL_HEIGHT):
+        return compact_view(state, engines, stats, view, width, height)
+
+    budget_h = height if height is not None else 10_000
+    header, h_header = header_panel(state, meta, stats, view, now, compact=height is not None and height < 30)
+    parts: list[RenderableType] = [header]
+    left = budget_h - h_header
+    if view.notice:
+        parts.append(line((view.notice, WARN_STYLE)))
+        left -= 1
+    if not engines:
+        rows = min(left, 14)
+        if view.log_tail and rows >= 3:
+            panel, _ = log_panel(view.log_tail, rows, "command output (command.log)")
+            parts.append(panel)
+        return Group(*parts)
+
+    wide = width >= WIDE_WIDTH
+    if multi:
+        current, h_current = current_multi_panel(engines, width)
+    else:
+        current, h_current = current_panel(engines[0], (width - _right_width(width)) if wide else width)
+    n_recent = sum(len(e.recent_preempts) for e in engines)
+    want_pre = 4 + (1 + min(n_recent, PREEMPT_ROWS) if n_recent else 0)
+    n_inflight = sum(1 for e in engines for r in e.requests.values() if r.phase == PREFILL)
+    want_fill = 3 + min(n_inflight, 8) if n_inflight else 3
+    per_engine = 2 if not multi else 3
+    want_chart = 3 + len(engines) * (max(CHART_ROWS // len(engines), CHART_MIN_ROWS) + per_engine)
+    min_chart = 3 + per_engine + CHART_MIN_ROWS
+    log_rows = min(len(view.log_tail), 8) + 2 if view.log_tail else 0
+    left -= log_rows
+
+    if wide and not multi:
+        # middle: [current step + chart] | [preemptions + prefills in flight]
+        right_w = _right_width(width)
+        left_w = width - right_w
+        mid_min = max(h_current + min_chart, 4 + 3)
+        mid_want = max(h_current + want_chart, want_pre + want_fill)
+        req_min = 4
+        mid = min(mid_want, max(left - req_min, mid_min))
+        if mid > left:
+            mid = left
+        chart_h = max(mid - h_current, 0)
+        fill_h = min(want_fill, max(mid - 4 - 1, 3))
+        pre_h = mid - fill_h
+        left_items: list[RenderableType] = [current]
+        if chart_h >= min_chart:
+            chart, _ = chart_panel(engines, left_w, chart_h, view.chart_steps)
+            left_items.append(_fixed(chart, chart_h))
+        pre, _ = preemptions_panel(engines, right_w, pre_h, multi, max_rows=pre_h)
+        right_items: list[RenderableType] = [_fixed(pre, pre_h)]
+        if fill_h >= 3:
+            fill, _ = prefills_panel(engines, right_w, fill_h, multi)
+            right_items.append(_fixed(fill, fill_h))
+        row = Table.grid()  # fixed widths: rich need not measure the nested panels
+        row.add_column(width=left_w)
+        row.add_column(width=right_w)
+        row.add_row(Group(*left_items), Group(*right_items))
+        parts.append(row)
+        left -= mid
+    else:
+        if left >= h_current:
+            parts.append(current)
+            left -= h_current
+        pre_min, req_min = 4, 5  # preemption summary; requests table with 2 rows
+        if left - pre_min - req_min >= min_chart:
+            chart_h = min(want_chart, left - pre_min - req_min)
+        elif left - pre_min >= min_chart:
+            chart_h = min_chart  # no room for the request table
+        else:
+            chart_h = 0
+        if chart_h:
+            chart, _ = chart_panel(engines, width, chart_h, view.chart_steps)
+            parts.append(_fixed(chart, chart_h))
+            left -= chart_h
+        if left >= pre_min:
+            pre_h = min(want_pre, max(left - req_min, pre_min))
+            pre, _ = preemptions_panel(engines, width, pre_h, multi)
+            parts.append(_fixed(pre, pre_h))
+            left -= pre_h
+        if n_inflight and left >= 4 + req_min:
+            fill_h = min(want_fill, left - req_min)
+            fill, _ = prefills_panel(engines, width, fill_h, multi)
+            parts.append(_fixed(fill, fill_h))
+            left -= fill_h
+    if left >= 4:
+        req_rows = left if height is not None else min(3 + 30, left)
+        reqs, used = requests_panel(engines, now, width, req_rows, multi)
+        parts.append(reqs)
+        left -= used
+    if log_rows:
+        panel, _ = log_panel(view.log_tail, log_rows, "command output (last lines of command.log)")
+        parts.append(panel)
+    return Group(*parts)
+
+
+def _right_width(width: int) -> int:
+    """Width of the right column (preemptions, prefills) in the two-column layout."""
+    return min(max(width * 2 // 5, 68), width // 2)
+
+
+def _fixed(panel: Panel, height: int) -> Panel:
+    """The same panel forced to ``height`` rows (cropped or padded by rich)."""
+    panel.height = height
+    return panel

@@ -1,0 +1,115 @@
+"""The one-screen summary of a run (``vllm-probe summary``), drawn from a
+:class:`~vllm_probe.analysis.summary.Summary` (definitions there). No computation here:
+every figure comes from the analysis; this module lays them out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.figures import Distribution
+from ..analysis.summary import Summary
+from .format import UNKNOWN, count, figure, kv_capacity
+
+
+def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold underline", box=None,
+              show_header=False, pad_edge=False)
+    t.add_column(style="dim", no_wrap=True)
+    t.add_column(justify="right", no_wrap=True)
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _dist_row(t: Table, label: str, d: Distribution, unit: str) -> None:
+    t.add_row(label, figure(d.median, unit), figure(d.p90, unit), figure(d.max, unit), str(d.n))
+
+
+def render(s: Summary, width: int = 120) -> Group:
+    """The one-screen view of a summary (side-by-side panels from ``width`` 110 on)."""
+    c = s.config
+    head = Text.assemble(("vllm-probe summary ", "bold"), (s.run_dir, "cyan"))
+    sub = [s.read.get("text", ""), f"{s.engines} engine core{'s' if s.engines != 1 else ''}"]
+    if c.get("vllm_version"):
+        sub.append(f"vLLM {c['vllm_version']}")
+    lines = [head, Text(" · ".join(x for x in sub if x), style="dim")]
+    if s.command:
+        lines.append(Text("command: " + " ".join(s.command), style="dim"))
+    if s.config_differs_across_engines:
+        lines.append(Text("engine cores run with different settings (config shows the first)", style="yellow"))
+
+    run = _kv("Run", [
+        ("steps", figure(s.steps)),
+        ("duration", figure(s.duration_s, "s")),
+        ("requests finished", count(s.requests_finished) + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
+        ("prompt · output tokens", f"{count(s.prompt_tokens)} · {count(s.output_tokens)}"),
+        ("output tokens/s", figure(s.output_tokens_per_s)),
+        ("bound most by", f"{s.bound_most} ({figure(s.bound_by.get(s.bound_most), '%')})" if s.bound_most else UNKNOWN),
+    ])
+    kv_cap = c.get("kv_capacity_tokens")
+    cfg = _kv("Effective config", [
+        ("token budget", figure(c.get("max_num_batched_tokens"))),
+        ("max_num_seqs", figure(c.get("max_num_seqs"))),
+        ("chunked prefill", figure(c.get("enable_chunked_prefill"))
+         + (f", long-prefill cap {count(c['long_prefill_token_threshold'])}" if c.get("long_prefill_token_threshold") else "")),
+        ("KV cache", " ".join(kv_capacity(kv_cap, c.get("num_kv_blocks"), c.get("block_size")))
+         if c.get("num_kv_blocks") is not None else UNKNOWN),
+        ("max_model_len", figure(c.get("max_model_len"))),
+        ("policy", figure(c.get("scheduling_policy"))),
+        ("async · prefix caching", f"{figure(c.get('async_scheduling'))} · {figure(c.get('prefix_caching'))}"),
+    ])
+    steps = _kv("Steps", [
+        ("tokens/step med·p90·max", f"{figure(s.tokens_per_step.median)} · {figure(s.tokens_per_step.p90)} · {figure(s.tokens_per_step.max)}"),
+        ("budget use med·p90", f"{figure(s.budget_use.median, '%')} · {figure(s.budget_use.p90, '%')}"),
+        ("prefill · decode tokens", f"{count(s.prefill_tokens)} · {count(s.decode_tokens)}"),
+        ("prefill share", figure(s.prefill_share, "%")),
+        ("schedule() mean·max", f"{figure(s.schedule_us.mean, 'µs')} · {figure(s.schedule_us.max, 'µs')}"),
+    ])
+    p, ch = s.preemptions, s.chunking
+    pre = _kv("Preemptions · chunking", [
+        ("preemptions (requests)", f"{count(p.count)} ({count(p.requests)})"),
+        # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
+        ("discarded (wasted) · re-prefilled tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
+        ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else UNKNOWN),
+        ("prompts chunked", f"{count(ch.chunked_prompts)} of {count(ch.prompts)}"),
+        ("chunks/prompt mean·max", f"{figure(ch.chunks_per_prompt.mean)} · {figure(ch.chunks_per_prompt.max)}"),
+        ("KV re-read (§3.4)", f"{count(ch.reread_kv_tokens)} tokens"
+         + (f" ({ch.reread_per_prefill_token:.2f}×)" if ch.reread_per_prefill_token is not None else "")),
+    ])
+    lat = Table(title="Latency per finished request", title_justify="left", title_style="bold underline",
+                box=box.SIMPLE, pad_edge=False)
+    lat.add_column("", style="dim")
+    for col in ("median", "p90", "max", "n"):
+        lat.add_column(col, justify="right")
+    L = s.latency
+    _dist_row(lat, "queue time", L.queue_s, "s")
+    _dist_row(lat, "time to first token", L.ttft_s, "s")
+    _dist_row(lat, "time to first token (steps)", L.ttft_steps, "steps")
+    _dist_row(lat, "decode time", L.decode_s, "s")
+    _dist_row(lat, "mean inter-token time", L.itl_s, "s")
+
+    if width >= 110:
+        grid = Table.grid(padding=(0, 4))
+        grid.add_column()
+        grid.add_column()
+        grid.add_row(run, cfg)
+        grid.add_row(steps, pre)
+        parts: list[Any] = [*lines, grid, lat]
+    else:
+        parts = [*lines, run, cfg, steps, pre, lat]
+    if s.bound_by:
+        parts.append(Text("bound by (share of steps): " + " · ".join(
+            f"{k} {figure(v, '%')}" for k, v in s.bound_by.items())
+            + ".  KV re-read: prefill KV tokens read again by later chunks of the same pass; a single-shot prefill re-reads 0.",
+            style="dim"))
+    if s.probe_dropped_events or s.probe_hook_errors or s.probe_hooks_disabled:
+        off = f", hooks switched off: {', '.join(s.probe_hooks_disabled)}" if s.probe_hooks_disabled else ""
+        parts.append(Text(f"probe: {s.probe_dropped_events} events dropped, {s.probe_hook_errors} hook errors{off} "
+                          "(figures may be incomplete)", style="yellow"))
+    return Group(*parts)
