@@ -1,0 +1,109 @@
+"""The package's layout rules (docs/architecture.md), read from the imports with ``ast``.
+
+Every import counts, lazy ones inside functions included. A part is a folder of
+``vllm_probe/`` (``engine``, ``runs`` …) or a top-level module (``plugin``, ``settings`` …).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vllm_probe"
+
+#: Which parts of the package each part may import (itself always included). The
+#: floors, lowest first: schema · envvars · settings → engine · runs → analysis →
+#: exporters · sim → tui → cli.
+ALLOWED: dict[str, set[str]] = {
+    "__init__": set(),
+    "envvars": set(),
+    "schema": set(),
+    "settings": {"schema"},
+    "engine": {"__init__", "schema", "settings", "envvars"},
+    "plugin": {"engine", "settings", "envvars"},
+    "runs": {"__init__", "schema", "settings", "envvars"},
+    "analysis": {"runs", "schema"},
+    "exporters": {"analysis", "runs", "schema"},
+    "sim": {"__init__", "engine", "runs", "analysis", "exporters", "schema", "settings", "envvars"},
+    "tui": {"analysis", "runs", "exporters", "schema", "settings", "envvars"},
+    "cli": {"__init__", "envvars", "settings", "schema", "engine", "runs", "analysis", "exporters", "sim", "tui"},
+    "__main__": {"cli"},
+}
+#: Third-party packages a part must never import.
+FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
+    "engine": {"rich"},  # runs inside vLLM's engine core: no terminal code there
+    "analysis": {"rich"},  # pure: the views draw, the analysis computes
+    "exporters": {"rich"},
+    "runs": {"rich"},
+    "schema": {"rich", "vllm"},
+    "settings": {"rich", "vllm"},
+}
+
+
+def part_of(module: str) -> str:
+    """``vllm_probe.engine.sink`` -> ``engine``; ``vllm_probe.plugin`` -> ``plugin``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """Absolute names of the modules ``path`` imports, with line numbers."""
+    package = list(path.relative_to(PACKAGE.parent).parts[:-1])  # a module's package, or an __init__'s own
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+                if node.module is None:  # `from . import x`: x is a module of that package, or a name of its __init__
+                    for alias in node.names:
+                        sub = PACKAGE.parent.joinpath(*name.split("."), alias.name)
+                        is_module = sub.is_dir() or sub.with_suffix(".py").exists()
+                        out.append((f"{name}.{alias.name}" if is_module else name, node.lineno))
+                    continue
+            else:
+                name = node.module or ""
+            out.append((name, node.lineno))
+    return out
+
+
+def violations() -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        mine = part_of(".".join(rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts))
+        for name, line in imports_of(path):
+            top = name.split(".")[0]
+            where = f"{path.relative_to(PACKAGE.parent)}:{line}"
+            if top == "vllm_probe":
+                other = part_of(name)
+                if other != mine and other not in ALLOWED[mine]:
+                    found.append(f"{where}: {mine} imports {other} ({name})")
+            elif top in FORBIDDEN_THIRD_PARTY.get(mine, ()):
+                found.append(f"{where}: {mine} imports {top}")
+    return found
+
+
+def test_every_part_of_the_package_is_known():
+    parts = {part_of(".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts)) for p in PACKAGE.rglob("*.py")}
+    assert parts <= set(ALLOWED), parts - set(ALLOWED)
+
+
+def test_imports_follow_the_layout():
+    assert violations() == []
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """An engine module importing the views is caught (the rule is not vacuous)."""
+    fake = tmp_path / "vllm_probe"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "tui").mkdir()
+    (fake / "engine" / "hooks.py").write_text("def f():\n    from ..tui import dashboard\n    import rich\n")
+    (fake / "tui" / "dashboard.py").write_text("from ..analysis.state import RunState\n")
+    monkeypatch.setattr("tests.test_layout.PACKAGE", fake)
+    assert violations() == [
+        "vllm_probe/engine/hooks.py:2: engine imports tui (vllm_probe.tui)",
+        "vllm_probe/engine/hooks.py:3: engine imports rich",
+    ]
