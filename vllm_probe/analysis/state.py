@@ -1,11 +1,11 @@
 """Scheduler state rebuilt from events: per engine, per step (rolling), per request.
 
 The one request-lifecycle model: it feeds the dashboard, the ``--plain`` lines, the
-summary, compare and the timeline export, so every view agrees on what "queue time" or
+summary, compare and the Perfetto export, so every view agrees on what "queue time" or
 "time to first token" means. Memory is bounded for a run of any length: steps are kept
 in a rolling window, finished requests in a bounded list, run totals as counters and
 exact histograms; a consumer that needs every finished request (the summary) sets
-``RunState.on_request_finished``, one that follows every transition (the timeline) a
+``RunState.on_request_finished``, one that follows every transition (the Perfetto export) a
 :class:`StateListener`. Events come in as the records of
 :mod:`vllm_probe.schema.records` (what the reader yields) or as dicts (hand-made
 streams), which are converted first.
@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ..schema.records import STRUCTS, from_dict
 from .figures import LIMITS, budget_use, bound_by, chunk_reread_tokens, per_second
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, RequestState
+from .timeline import MAX_SPANS, Timeline
 
 #: Default number of recent steps kept per engine.
 STEP_WINDOW = 600
@@ -92,6 +93,7 @@ class EngineState:
     engine: int
     step_window: int = STEP_WINDOW
     finished_keep: int = FINISHED_KEEP
+    timeline_spans: int = MAX_SPANS
     #: the ``engine_config`` record (None until it is read)
     config: Any = None
     pids: set[int] = field(default_factory=set)
@@ -129,6 +131,8 @@ class EngineState:
     #: file, and a stopping engine core writes one with every flush: the last one is final)
     probe_stats: dict[Any, Any] = field(default_factory=dict)
     window: deque = field(init=False)
+    #: every step of the run, in bounded spans (the finished run's overview, evidence ranges)
+    timeline: Timeline = field(init=False)
     recent_preempts: deque = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
     finished: deque = field(init=False)
@@ -137,6 +141,7 @@ class EngineState:
 
     def __post_init__(self) -> None:
         self.window = deque(maxlen=self.step_window)
+        self.timeline = Timeline(self.timeline_spans)
         self.recent_preempts = deque(maxlen=PREEMPT_KEEP)
         self.finished = deque(maxlen=self.finished_keep)
 
@@ -352,10 +357,13 @@ class RunState:
         eng.step_preemptions += n_preempted
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
+        kv = ev.kv_usage or 0.0
+        eng.timeline.add(step, ts, scheduled, budget or 0, prefill or 0, decode or 0, running, waiting, kv,
+                         n_preempted, bound)
         if self.step_window:
             eng.window.append(StepRecord(
-                step, ts, scheduled, budget or 0, prefill, decode, running, waiting, ev.kv_usage or 0.0,
-                schedule_us, n_preempted, bound,
+                step, ts, scheduled, budget or 0, prefill, decode, running, waiting, kv, schedule_us,
+                n_preempted, bound,
             ))
         key = (scheduled, budget or 0)
         hist = eng.step_tokens
@@ -483,7 +491,7 @@ class RunState:
 
 class StateListener:
     """Receives every transition of a :class:`RunState` (``RunState.listener``), after the
-    state has applied it: the timeline export draws its slices from these. Each method
+    state has applied it: the Perfetto export draws its slices from these. Each method
     gets the engine, the request's :class:`RequestState` where there is one, and the
     record that caused it. Methods do nothing unless overridden."""
 
