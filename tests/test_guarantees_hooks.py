@@ -259,11 +259,9 @@ def plugin_env(monkeypatch, tmp_path, scheduler_cls):
     monkeypatch.setenv("VLLMPROBE_RUN_DIR", str(run_dir))
     monkeypatch.setattr(plugin, "_registered", False)
     yield run_dir
-    probe.uninstall(scheduler_cls)
-    for rt in probe._runtime_ref:
-        if rt._sink is not None:
-            rt._sink.close()
-    probe._runtime_ref.clear()
+    rt = probe.uninstall(scheduler_cls)
+    if rt is not None:
+        rt.close()
 
 
 def test_untested_release_is_said_once(plugin_env, monkeypatch, caplog):
@@ -322,8 +320,7 @@ def test_register_twice_and_a_second_copy_wrap_once(plugin_env, scheduler_cls, b
     assert not plugin_env.exists()  # nothing is written before a scheduler exists
     sched = testing.make_scheduler(testing.SchedulerSpec(**SPEC))
     assert trace(sched, workload()) == baseline
-    (rt,) = probe._runtime_ref
-    rt.sink.close()
+    probe.attached_probe(sched).rt.sink.close()
     files = list(plugin_env.iterdir())
     assert [f.name for f in files] == [f"events-{__import__('os').getpid()}.jsonl"]
     events = [json.loads(line) for line in files[0].read_text().splitlines()]
@@ -404,8 +401,7 @@ def test_the_probe_creates_no_socket(plugin_env, scheduler_cls):
         plugin.register()
         sched = testing.make_scheduler(testing.SchedulerSpec(**SPEC))
         trace(sched, workload())
-        (rt,) = probe._runtime_ref
-        rt.sink.close()
+        probe.attached_probe(sched).rt.sink.close()
     finally:
         active[0] = False
     assert seen == []

@@ -90,10 +90,9 @@ def test_plugin_on_this_release(plugin_env, caplog):
         sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=40))
         sched.add_request(testing.make_request(100, 2, req_id="one"))
         n_steps = testing.run_until_idle(sched)
-        probe._runtime_ref[0].sink.close()
+        probe.attached_probe(sched).rt.sink.close()
     finally:
         probe.uninstall(Scheduler)
-        probe._runtime_ref.clear()
     assert _probe_warnings(caplog) == []  # no "not tested" warning: the matrix covers it
     assert any(f"for vLLM {version};" in r.getMessage() for r in caplog.records), [
         (r.name, r.getMessage()[:60]) for r in caplog.records]

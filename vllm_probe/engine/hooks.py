@@ -94,6 +94,15 @@ class Runtime:
     def enabled(self, hook: str) -> bool:
         return hook not in self.health.disabled
 
+    def close(self) -> None:
+        """Close the sink if one was made (it writes its final ``probe_stats`` line).
+
+        Idempotent. In vLLM's processes the sink closes itself at exit; tests and
+        benchmarks that install the probe in their own process call this when done.
+        """
+        if self._sink is not None:
+            self._sink.close()
+
 
 def file_sink_factory(run_dir: Path) -> Callable[[Runtime], EventSink]:
     """A factory writing ``<run_dir>/events-<pid>.jsonl`` (run_dir created 0700)."""
@@ -437,8 +446,8 @@ def _wanted_hooks(flags: ProbeFlags) -> set[str]:
     return wanted
 
 
-_installed: dict[type, list[tuple[str, Callable]]] = {}
-_runtime_ref: list[Runtime] = []
+#: Patched class -> (its Runtime, [(method name, vLLM's original)]).
+_installed: dict[type, tuple[Runtime, list[tuple[str, Callable]]]] = {}
 
 
 def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
@@ -451,7 +460,8 @@ def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
     Never raises for a bad layout.
     """
     if scheduler_cls in _installed or getattr(scheduler_cls.schedule, WRAPPED_ATTR, None):
-        return [f"{scheduler_cls.__name__}.{m}" for m, _ in _installed.get(scheduler_cls, [])]
+        _, done = _installed.get(scheduler_cls, (None, []))
+        return [f"{scheduler_cls.__name__}.{m}" for m, _ in done]
     wanted = _wanted_hooks(rt.flags)
     plan: list[tuple[compat.Target, Callable]] = []
     for target in compat.TARGETS:
@@ -479,16 +489,21 @@ def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
         setattr(wrapper, WRAPPED_ATTR, original)
         setattr(scheduler_cls, target.method, wrapper)
         done.append((target.method, original))
-    _installed[scheduler_cls] = done
+    _installed[scheduler_cls] = (rt, done)
     rt.patched = [f"{scheduler_cls.__name__}.{m}" for m, _ in done]
-    _runtime_ref[:] = [rt]
     return list(rt.patched)
 
 
-def uninstall(scheduler_cls: type) -> None:
-    """Restore vLLM's originals on ``scheduler_cls`` (tests and benchmarks use this)."""
-    for method, original in _installed.pop(scheduler_cls, []):
+def uninstall(scheduler_cls: type) -> Runtime | None:
+    """Restore vLLM's originals on ``scheduler_cls`` (tests and benchmarks use this).
+
+    Returns the :class:`Runtime` that :func:`install` put there (its sink, if any, still
+    open: :meth:`Runtime.close` closes it), or None when the class was not patched here.
+    """
+    rt, done = _installed.pop(scheduler_cls, (None, []))
+    for method, original in done:
         setattr(scheduler_cls, method, original)
+    return rt
 
 
 def attached_probe(sched: Any) -> SchedulerProbe | None:
