@@ -17,7 +17,7 @@ One scheduler runs the workload; blocks of 20 steps alternate between A (vLLM's 
 methods on the class) and B (the probe installed: all flags on, the real
 :class:`~vllm_probe.engine.sink.EventSink` writing JSON lines to a temp file, its writer thread
 running), A B, B A, ... for 50 rounds in one process, switched with
-:func:`vllm_probe.engine.hooks.install` / :func:`~vllm_probe.engine.hooks.uninstall` (A never goes
+:func:`vllm_probe.engine.patches.install` / :func:`~vllm_probe.engine.patches.uninstall` (A never goes
 through a wrapper; one instance for both, because two instances of the same workload
 differ by a few percent on their own). Reported per case: the median µs of one
 ``schedule()`` call and of a whole step (``add_request`` of new arrivals +
@@ -218,7 +218,7 @@ def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_d
     dropped), as the probe would have done itself. ``probe_on=False`` leaves the probe
     out of B as well: an A/A run whose ratios show the noise floor.
     """
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
     from vllm_probe.settings import ProbeFlags
     from vllm_probe.engine.sink import EventSink
 

@@ -267,7 +267,7 @@ def inspect_release() -> int:
     logging.getLogger("vllm_probe").addHandler(Keep())
     import vllm
 
-    from vllm_probe.engine import compat
+    from vllm_probe.engine import compat, patches
 
     from vllm_probe import plugin
 
@@ -282,9 +282,9 @@ def inspect_release() -> int:
     except Exception as e:  # noqa: BLE001 - reported in the table
         Scheduler = None
         notes.append(f"scheduler does not import here ({type(e).__name__}: {str(e)[:80]})")
-    patched = [t.method for t in compat.TARGETS
+    patched = [t.method for t in patches.PATCHES
                if getattr(vars(Scheduler).get(t.method) if Scheduler else None, WRAPPED_ATTR, None)]
-    missing = [t.method for t in compat.TARGETS if t.method not in patched]
+    missing = [t.method for t in patches.PATCHES if t.method not in patched]
     if Scheduler is not None:
         notes += [f"harness: {a}" for a in testing.harness_adaptations()]
     notes += [f"plugin: {r.getMessage().removeprefix('vllm-probe: ')}"
@@ -458,10 +458,10 @@ def main(argv: list[str] | None = None) -> int:
             results[r.release] = r
             print(f"  {r.release}: {r.status} ({_tests_cell(r)}, {r.seconds:.0f} s)", flush=True)
 
-    from vllm_probe.engine import compat
+    from vllm_probe.engine import patches
 
     ordered = [results[v] for v in sorted(results, key=vkey)]
-    total = len(compat.TARGETS)
+    total = len(patches.PATCHES)
     print()
     print_table(ordered, total)
     if args.docs:

@@ -56,7 +56,7 @@ def scheduler_cls():
 @pytest.fixture(scope="module")
 def reference(scheduler_cls):
     """(trace without the probe, events of the probed run in a MemorySink)."""
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
@@ -74,7 +74,7 @@ def reference(scheduler_cls):
 @pytest.fixture
 def probed(scheduler_cls):
     """install() with a sink factory of the test's choosing; uninstalled afterwards."""
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
     from vllm_probe.settings import ProbeFlags
 
     made = []

@@ -28,7 +28,7 @@ def probed(vllm_mod):
     """Install the probe with all flags on into a MemorySink; uninstall afterwards."""
     import vllm
 
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
 
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
@@ -296,12 +296,12 @@ def test_async_scheduler_wrapped_once(probed):
 
 
 def test_install_is_idempotent(probed, vllm_mod):
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe.engine import hooks as probe, patches
 
     _, rt = probed()
     wrapped = vllm_mod.schedule
     original = getattr(wrapped, probe.WRAPPED_ATTR)
-    assert probe.install(vllm_mod, rt, rt.vllm_version) == rt.patched
+    assert patches.install(vllm_mod, rt, rt.vllm_version) == rt.patched
     assert vllm_mod.schedule is wrapped
     assert getattr(vllm_mod.schedule, probe.WRAPPED_ATTR) is original
     assert not hasattr(original, probe.WRAPPED_ATTR)

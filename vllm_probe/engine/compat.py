@@ -1,9 +1,12 @@
-"""Everything that depends on the vLLM release, in one place.
+"""Everything that differs between vLLM releases, in one place.
 
 The probe reads vLLM's V1 scheduler (``vllm/v1/core/sched/scheduler.py``). Its private
 methods and attributes change between releases; each difference the probe cares about
 is one entry of :data:`DIFFERENCES` below (what changed, in which release, how the probe
-handles it). Written for the V1 scheduler of 0.12 and later; every minor release from
+handles it), and the readers below (:func:`token_budget`, :func:`queue_lengths_reader`,
+:func:`finish_reason`, :func:`engine_settings`) are where the hooks meet those
+differences. The methods the probe wraps, with the parameters each wrapper relies on,
+are the patch table in :mod:`.patches`; :func:`signature_problem` checks them. Written for the V1 scheduler of 0.12 and later; every minor release from
 0.12 to the newest is run by the compatibility suite (``python -m tests.compat``, the
 matrix in docs/compatibility.md). Releases before 0.12 are refused (:data:`MIN_SUPPORTED`).
 """
@@ -68,42 +71,6 @@ MIN_SUPPORTED = (0, 12)
 #: Newest minor release the compatibility suite last ran (every minor from
 #: MIN_SUPPORTED up to it passed; docs/compatibility.md). Newer ones get a warning.
 NEWEST_TESTED = (0, 33)
-
-SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
-SCHEDULER_CLASS = "Scheduler"
-
-
-@dataclass(frozen=True)
-class Target:
-    """A scheduler method the probe wraps.
-
-    ``params`` are the leading parameter names (after ``self``) the wrapper relies on;
-    a release whose method lacks them gets a warning and this hook is skipped.
-    ``required``: without it the probe patches nothing at all.
-    """
-
-    hook: str
-    method: str
-    params: tuple[str, ...]
-    required: bool
-    why: str
-
-
-TARGETS: tuple[Target, ...] = (
-    Target("engine_config", "__init__", ("vllm_config", "kv_cache_config"), True,
-           "attach per-scheduler state and emit engine_config"),
-    Target("step", "schedule", (), True,
-           "one step event per call, schedule() time"),
-    Target("chunk", "_update_after_schedule", ("scheduler_output",), False,
-           "prefill-chunk boundary: num_computed_tokens advances here (0.9.2+)"),
-    Target("preempt", "_preempt_request", ("request",), False,
-           "preemption path (0.12+)"),
-    Target("request_added", "add_request", ("request",), False,
-           "request arrival"),
-    Target("request_finished", "_free_request", ("request",), False,
-           "request leaves the scheduler"),
-)
-
 
 def is_tested(version: str) -> bool:
     """Whether the compatibility suite covers ``version``'s minor release."""

@@ -1,27 +1,26 @@
-"""The hooks: what happens inside vLLM's scheduler when the probe is installed.
+"""The hooks: what the probe records inside vLLM's scheduler, and the state it keeps.
 
-:func:`install` wraps the methods listed in :data:`vllm_probe.engine.compat.TARGETS` on the
-base ``Scheduler`` class once, so subclasses that call ``super()`` (``AsyncScheduler``,
-the diffusion schedulers) are reached too. Each wrapper calls vLLM's original outside
-any ``try`` of ours and returns its result untouched; the probe's own work sits in a
-``try`` whose failures are counted per hook (:class:`HookHealth`), and a hook that
-fails :data:`MAX_HOOK_ERRORS` times switches its events off with one warning; the
-bookkeeping the other hooks rely on (step index, preempted requests awaiting their
-re-prefill) goes on.
+:class:`SchedulerProbe` is attached to each ``Scheduler`` instance (one per engine core)
+and builds the events: ``engine_config`` when the scheduler is built, ``step`` per
+``schedule()`` call, ``chunk`` per prefill chunk, ``preempt`` per preempted request,
+``request_added`` / ``request_finished`` per request. :class:`HookHealth` counts the
+exceptions caught in each hook and switches a hook off after :data:`MAX_HOOK_ERRORS`;
+:class:`Runtime` is the process-wide state (flags, health, the lazily created sink).
+Which scheduler methods call into these, and how they are wrapped, is the patch table
+in :mod:`.patches`.
 
 Hot-path budget (see docs/performance.md): per step the probe reads a few counters and
-appends one tuple to the sink's queue; per-request work happens only for requests that
+appends one event to the sink's queue; per-request work happens only for requests that
 are prefilling, admitted, preempted or finished.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from time import perf_counter
 from typing import Any, Callable
 
 from .. import __version__, envvars
@@ -35,22 +34,31 @@ logger = logging.getLogger("vllm_probe")
 
 #: Exceptions a hook may raise before it switches itself off.
 MAX_HOOK_ERRORS = 3
-#: Attribute holding a scheduler's :class:`SchedulerProbe`.
+#: Attribute holding a scheduler's :class:`SchedulerProbe` (in the instance's ``__dict__``).
 PROBE_ATTR = "_vllm_probe"
 #: Attribute set on our wrappers, pointing at vLLM's original (guards double wrapping).
 WRAPPED_ATTR = "__vllm_probe_original__"
 
-HOOKS = ("engine_config", "step", "chunk", "preempt", "request_added", "request_finished")
-
 
 class HookHealth:
-    """Per-process count of exceptions caught in each hook, and which are switched off."""
+    """Per-process count of exceptions caught in each hook, and which are switched off.
+
+    ``errors`` maps hook name -> exceptions caught (``probe_stats.hook_errors``);
+    ``disabled`` holds the hooks switched off (``probe_stats.hooks_disabled``).
+    """
 
     def __init__(self) -> None:
-        self.errors: dict[str, int] = {h: 0 for h in HOOKS}
+        self.errors: dict[str, int] = {}
         self.disabled: set[str] = set()
 
+    def track(self, hooks: Iterable[str]) -> None:
+        """Count ``hooks`` from zero (the patch table's hooks, at install); their order
+        is the order of ``probe_stats.hook_errors``. Counts already there are kept."""
+        for hook in hooks:
+            self.errors.setdefault(hook, 0)
+
     def failed(self, hook: str, exc: BaseException, limit: int = MAX_HOOK_ERRORS) -> None:
+        """Count one exception of ``hook``; at ``limit`` switch the hook off with one warning."""
         self.errors[hook] = self.errors.get(hook, 0) + 1
         if self.errors[hook] == 1:
             logger.debug("vllm-probe: error in hook %r", hook, exc_info=exc)
@@ -62,6 +70,7 @@ class HookHealth:
             )
 
     def snapshot(self) -> tuple[dict[str, int], list[str]]:
+        """``(hook_errors, hooks_disabled)`` for a ``probe_stats`` line (copies)."""
         return dict(self.errors), sorted(self.disabled)
 
 
@@ -87,11 +96,13 @@ class Runtime:
 
     @property
     def sink(self):
+        """The sink, built by ``sink_factory`` on first use."""
         if self._sink is None:
             self._sink = self._sink_factory(self)
         return self._sink
 
     def enabled(self, hook: str) -> bool:
+        """Whether ``hook`` is still on (not switched off after errors)."""
         return hook not in self.health.disabled
 
     def close(self) -> None:
@@ -300,210 +311,6 @@ class SchedulerProbe:
                 max(self.step, 0), rid, compat.finish_reason(request), request.num_prompt_tokens,
                 request.num_output_tokens, getattr(request, "num_preemptions", None),
             ))
-
-
-# -- wrappers ---------------------------------------------------------------------------
-# Each factory takes vLLM's original method and returns the wrapper installed in its
-# place. `self.__dict__.get(PROBE_ATTR)` is None for schedulers built before install()
-# or whose engine_config hook failed: those run untouched.
-
-
-def _wrap_init(rt: Runtime, original: Callable) -> Callable:
-    @functools.wraps(original)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if rt.enabled("engine_config"):
-            try:
-                self.__dict__[PROBE_ATTR] = SchedulerProbe(rt, self)
-                announce, rt.on_first_scheduler = rt.on_first_scheduler, None
-                if announce is not None:
-                    announce()
-            except Exception as e:  # no probe on this scheduler: say so at once
-                rt.health.failed("engine_config", e, limit=1)
-    return __init__
-
-
-def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is None:
-            return original(self, *args, **kwargs)
-        try:  # the step index and in_schedule: chunk, preempt and finish events use them
-            probe.begin_step()  # too, so this runs even when step events are switched off
-        except Exception as e:
-            health.failed("step", e)
-        t0 = perf_counter()
-        out = original(self, *args, **kwargs)
-        seconds = perf_counter() - t0
-        if "step" in health.disabled:
-            probe.in_schedule = False
-            return out
-        try:
-            probe.end_step(self, out, seconds)
-        except Exception as e:
-            health.failed("step", e)
-        return out
-    return schedule
-
-
-def _wrap_update_after_schedule(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def _update_after_schedule(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is not None and "chunk" not in health.disabled:
-            try:
-                probe.on_chunks(self, scheduler_output)
-            except Exception as e:
-                probe.chunks_seen = False
-                health.failed("chunk", e)
-        return original(self, scheduler_output, *args, **kwargs)
-    return _update_after_schedule
-
-
-def _wrap_preempt(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        snap = None
-        if probe is not None:  # bookkeeping for chunk and step events: even when switched off
-            try:
-                snap = probe.before_preempt(self, request)
-            except Exception as e:
-                health.failed("preempt", e)
-        result = original(self, request, *args, **kwargs)
-        if snap is not None and "preempt" not in health.disabled:
-            try:
-                probe.after_preempt(self, request, snap)
-            except Exception as e:
-                health.failed("preempt", e)
-        return result
-    return _preempt_request
-
-
-def _wrap_add_request(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        is_new = False
-        if probe is not None and "request_added" not in health.disabled:
-            try:  # streaming-input sessions re-add an existing id: not a new request
-                is_new = request.request_id not in self.requests
-            except Exception as e:
-                health.failed("request_added", e)
-        result = original(self, request, *args, **kwargs)
-        if is_new:
-            try:
-                probe.on_added(request)
-            except Exception as e:
-                health.failed("request_added", e)
-        return result
-    return add_request
-
-
-def _wrap_free_request(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is not None and "request_finished" not in health.disabled:
-            try:
-                probe.on_finished(request)
-            except Exception as e:
-                health.failed("request_finished", e)
-        return original(self, request, *args, **kwargs)
-    return _free_request
-
-
-_WRAPPER_FACTORIES: dict[str, Callable[[Runtime, Callable], Callable]] = {
-    "engine_config": _wrap_init,
-    "step": _wrap_schedule,
-    "chunk": _wrap_update_after_schedule,
-    "preempt": _wrap_preempt,
-    "request_added": _wrap_add_request,
-    "request_finished": _wrap_free_request,
-}
-
-
-def _wanted_hooks(flags: ProbeFlags) -> set[str]:
-    """Hooks needed for the flags. Chunk and preempt tracking also feed step events."""
-    wanted = {"engine_config", "step"}
-    if flags.log_chunk_boundaries or flags.log_schedule_each_step:
-        wanted |= {"chunk", "preempt"}
-    if flags.log_preempt_events:
-        wanted.add("preempt")
-    if flags.log_request_events:
-        wanted |= {"request_added", "request_finished"}
-    return wanted
-
-
-#: Patched class -> (its Runtime, [(method name, vLLM's original)]).
-_installed: dict[type, tuple[Runtime, list[tuple[str, Callable]]]] = {}
-
-
-def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
-    """Wrap the hook targets on ``scheduler_cls``; return the ``Class.method`` names patched.
-
-    Idempotent: a class already patched (by this or another copy of the plugin) is left
-    as it is and the names patched earlier are returned. A target that is missing, or
-    whose signature does not match :data:`compat.TARGETS`, is skipped with one warning;
-    if a *required* target is unusable nothing is patched and ``[]`` is returned.
-    Never raises for a bad layout.
-    """
-    if scheduler_cls in _installed or getattr(scheduler_cls.schedule, WRAPPED_ATTR, None):
-        _, done = _installed.get(scheduler_cls, (None, []))
-        return [f"{scheduler_cls.__name__}.{m}" for m, _ in done]
-    wanted = _wanted_hooks(rt.flags)
-    plan: list[tuple[compat.Target, Callable]] = []
-    for target in compat.TARGETS:
-        if target.hook not in wanted:
-            continue
-        original = scheduler_cls.__dict__.get(target.method)
-        problem = "missing" if original is None else compat.signature_problem(original, target.params)
-        if problem:
-            if target.required:
-                logger.warning(
-                    "vllm-probe: %s.%s %s in vLLM %s; the probe patches nothing",
-                    scheduler_cls.__name__, target.method, problem, vllm_version,
-                )
-                return []
-            logger.warning(
-                "vllm-probe: %s.%s %s in vLLM %s; %s events are unavailable, other hooks still work",
-                scheduler_cls.__name__, target.method, problem, vllm_version, target.hook,
-            )
-            continue
-        plan.append((target, original))
-    rt.vllm_version = vllm_version
-    done = []
-    for target, original in plan:
-        wrapper = _WRAPPER_FACTORIES[target.hook](rt, original)
-        setattr(wrapper, WRAPPED_ATTR, original)
-        setattr(scheduler_cls, target.method, wrapper)
-        done.append((target.method, original))
-    _installed[scheduler_cls] = (rt, done)
-    rt.patched = [f"{scheduler_cls.__name__}.{m}" for m, _ in done]
-    return list(rt.patched)
-
-
-def uninstall(scheduler_cls: type) -> Runtime | None:
-    """Restore vLLM's originals on ``scheduler_cls`` (tests and benchmarks use this).
-
-    Returns the :class:`Runtime` that :func:`install` put there (its sink, if any, still
-    open: :meth:`Runtime.close` closes it), or None when the class was not patched here.
-    """
-    rt, done = _installed.pop(scheduler_cls, (None, []))
-    for method, original in done:
-        setattr(scheduler_cls, method, original)
-    return rt
 
 
 def attached_probe(sched: Any) -> SchedulerProbe | None:
