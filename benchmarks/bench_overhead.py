@@ -331,8 +331,10 @@ def queue_memory(capacity: int | None = None) -> dict[str, float]:
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
             for i in range(capacity + extra):  # a step event as the probe builds it
-                sink.emit(STEP, time.time(), 0, (i, 256, 2048, 0, 0, 256, 256, 0, 256, 0,
-                                                 0.5, 1000, 1400.0 + i, [], []))
+                sink.emit(STEP, time.time(), 0, STEP.pack(
+                    step=i, scheduled_tokens=256, token_budget=2048, prefill_reqs=0, prefill_tokens=0,
+                    decode_reqs=256, decode_tokens=256, new_reqs=0, running=256, waiting=0,
+                    kv_usage=0.5, free_blocks=1000, schedule_us=1400.0 + i, preempted=[], finished=[]))
             held = tracemalloc.get_traced_memory()[0] - before
             tracemalloc.stop()
             return {"capacity": capacity, "queue_mib": held / 2**20, "dropped": sink.dropped,

@@ -149,6 +149,13 @@ class SchedulerProbe:
     requests whose prefill pass has started but not reached ``prefill_len``;
     ``resume_pending`` the preempted requests not yet readmitted. Both stay small
     (bounded by the running and waiting queues), which keeps decode-only steps O(1).
+
+    Every event is built by field name with its kind's ``pack``
+    (:class:`~vllm_probe.schema.events.EventKind`) and queued with ``rt.sink.emit(kind,
+    ts, engine, event)``; ``ts`` is ``time.time()`` (s), ``engine`` the data-parallel rank.
+    Building the probe writes ``engine_config``; it raises whatever reading the
+    scheduler's settings raises (the ``__init__`` wrapper counts it and leaves that
+    scheduler unprobed).
     """
 
     def __init__(self, rt: Runtime, sched: Any) -> None:
@@ -170,15 +177,16 @@ class SchedulerProbe:
         self.chunks_seen = False
         self.prefilling: dict[str, _Pass] = {}
         self.resume_pending: set[str] = set()
-        self.emit(ENGINE_CONFIG, time.time(), self.engine, (
-            rt.vllm_version, __version__, type(sched).__name__, list(rt.patched),
-            *(settings[f.name] for f in ENGINE_CONFIG.fields[4:-1]),
-            self.flags.to_dict(),
+        self.emit(ENGINE_CONFIG, time.time(), self.engine, ENGINE_CONFIG.pack(
+            vllm_version=rt.vllm_version, probe_version=__version__,
+            scheduler_class=type(sched).__name__, patched=list(rt.patched),
+            flags=self.flags.to_dict(), **settings,
         ))
 
     # -- step -------------------------------------------------------------------------
 
     def begin_step(self) -> None:
+        """Before ``schedule()``: the next step index; per-step counts back to zero."""
         self.step += 1
         self.in_schedule = True
         self.step_preempted = []
@@ -186,6 +194,8 @@ class SchedulerProbe:
         self.chunks_seen = False
 
     def end_step(self, sched: Any, out: Any, seconds: float) -> None:
+        """After ``schedule()`` returned ``out`` (a ``SchedulerOutput``) in ``seconds``:
+        the ``step`` event (queue lengths and KV use as the step leaves them)."""
         self.in_schedule = False
         if not self.flags.log_schedule_each_step:
             return
@@ -199,22 +209,26 @@ class SchedulerProbe:
         running, waiting = self.queue_lengths(sched)
         kvm = sched.kv_cache_manager
         finished = out.finished_req_ids
-        self.emit(STEP, time.time(), self.engine, (
-            self.step, n_tokens, self.budget, pre_r, pre_t, dec_r, dec_t,
-            self.step_new_reqs, running, waiting, kvm.usage,
-            kvm.block_pool.get_num_free_blocks(), seconds * 1e6,
-            self.step_preempted, list(finished) if finished else [],
+        self.emit(STEP, time.time(), self.engine, STEP.pack(
+            step=self.step, scheduled_tokens=n_tokens, token_budget=self.budget,
+            prefill_reqs=pre_r, prefill_tokens=pre_t, decode_reqs=dec_r, decode_tokens=dec_t,
+            new_reqs=self.step_new_reqs, running=running, waiting=waiting, kv_usage=kvm.usage,
+            free_blocks=kvm.block_pool.get_num_free_blocks(), schedule_us=seconds * 1e6,
+            preempted=self.step_preempted, finished=list(finished) if finished else [],
         ))
 
     # -- prefill chunks (called before num_computed_tokens advances) -------------------
 
     def on_chunks(self, sched: Any, out: Any) -> None:
+        """Before vLLM's ``_update_after_schedule(out)`` advances ``num_computed_tokens``:
+        one ``chunk`` event per scheduled prefill slice, and the step's prefill counts."""
         if not (self.prefilling or self.resume_pending or out.scheduled_new_reqs):
             self.chunks_seen = True  # decode-only step: begin_step's zero counts stand
             return
         nst = out.num_scheduled_tokens
         requests = sched.requests
         emit = self.emit if self.flags.log_chunk_boundaries else None
+        pack = CHUNK.pack
         step, engine = self.step, self.engine
         pre_r = pre_t = 0
         ts = time.time()
@@ -232,8 +246,10 @@ class SchedulerProbe:
                 end = start + n
                 last = end >= p.prefill_len
                 if emit:
-                    emit(CHUNK, ts, engine, (step, rid, p.index, start, end, req.num_prompt_tokens,
-                                             p.prefill_len, last, p.resumed, None))
+                    emit(CHUNK, ts, engine, pack(
+                        step=step, req_id=rid, chunk_index=p.index, start=start, end=end,
+                        prompt_len=req.num_prompt_tokens, prefill_len=p.prefill_len, last=last,
+                        resumed=p.resumed))
                 p.index += 1
                 pre_r += 1
                 pre_t += n
@@ -257,8 +273,10 @@ class SchedulerProbe:
             prefill_len = req.num_tokens
             last = end >= prefill_len
             if emit:
-                emit(CHUNK, ts, engine, (step, rid, 0, start, end, req.num_prompt_tokens,
-                                         prefill_len, last, resumed, start))
+                emit(CHUNK, ts, engine, pack(
+                    step=step, req_id=rid, chunk_index=0, start=start, end=end,
+                    prompt_len=req.num_prompt_tokens, prefill_len=prefill_len, last=last,
+                    resumed=resumed, prefix_hit_tokens=start))
             if not last:
                 prefilling[rid] = _Pass(prefill_len, 1, resumed)
             pre_r += 1
@@ -281,35 +299,44 @@ class SchedulerProbe:
         return request.num_computed_tokens, sched.kv_cache_manager.usage
 
     def after_preempt(self, sched: Any, request: Any, snap: tuple[int, float]) -> None:
+        """After vLLM preempted ``request``: the ``preempt`` event; ``snap`` is
+        ``(computed tokens, KV use)`` from :meth:`before_preempt`."""
         rid = request.request_id
         if not self.flags.log_preempt_events:
             return
         discarded, usage = snap
         running, waiting = self.queue_lengths(sched)
-        self.emit(PREEMPT, time.time(), self.engine, (
-            self.step, rid, discarded, request.num_prompt_tokens, request.num_output_tokens,
-            getattr(request, "num_preemptions", None), usage, running, waiting,
-            "kv_cache" if self.in_schedule else "reset",
+        self.emit(PREEMPT, time.time(), self.engine, PREEMPT.pack(
+            step=self.step, req_id=rid, discarded_tokens=discarded,
+            prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
+            num_preemptions=getattr(request, "num_preemptions", None), kv_usage=usage,
+            running=running, waiting=waiting, reason="kv_cache" if self.in_schedule else "reset",
         ))
 
     # -- request lifecycle --------------------------------------------------------------
 
     def on_added(self, request: Any) -> None:
+        """After vLLM's ``add_request`` took a new ``request``: ``request_added`` (lengths
+        and sampling settings only, never prompt text or token ids)."""
         sp = request.sampling_params
-        self.emit(REQUEST_ADDED, time.time(), self.engine, (
-            request.request_id, request.num_prompt_tokens,
-            getattr(sp, "max_tokens", None), getattr(sp, "temperature", None),
-            getattr(sp, "top_p", None), getattr(request, "priority", 0), request.arrival_time,
+        self.emit(REQUEST_ADDED, time.time(), self.engine, REQUEST_ADDED.pack(
+            req_id=request.request_id, prompt_len=request.num_prompt_tokens,
+            max_tokens=getattr(sp, "max_tokens", None), temperature=getattr(sp, "temperature", None),
+            top_p=getattr(sp, "top_p", None), priority=getattr(request, "priority", 0),
+            arrival_ts=request.arrival_time,
         ))
 
     def on_finished(self, request: Any) -> None:
+        """Before vLLM's ``_free_request(request)``: ``request_finished``; the request
+        leaves the probe's prefill bookkeeping."""
         rid = request.request_id
         self.prefilling.pop(rid, None)
         self.resume_pending.discard(rid)
         if self.flags.log_request_events:
-            self.emit(REQUEST_FINISHED, time.time(), self.engine, (
-                max(self.step, 0), rid, compat.finish_reason(request), request.num_prompt_tokens,
-                request.num_output_tokens, getattr(request, "num_preemptions", None),
+            self.emit(REQUEST_FINISHED, time.time(), self.engine, REQUEST_FINISHED.pack(
+                step=max(self.step, 0), req_id=rid, reason=compat.finish_reason(request),
+                prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
+                num_preemptions=getattr(request, "num_preemptions", None),
             ))
 
 

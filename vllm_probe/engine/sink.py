@@ -1,7 +1,8 @@
 """Where events go: a bounded in-memory queue drained by a writer thread into JSON lines.
 
-The scheduler's thread only appends a tuple to a deque (:meth:`EventSink.emit`, well
-under a microsecond); building the JSON object, encoding it (structlog's
+The scheduler's thread only appends the event its hook packed (by field name, see
+:attr:`vllm_probe.schema.events.EventKind.pack`) to a deque (:meth:`EventSink.emit`,
+well under a microsecond); building the JSON object, encoding it (structlog's
 ``JSONRenderer``) and writing happen on the writer thread, which wakes every
 :data:`FLUSH_INTERVAL_S`. Each wake-up writes whole lines with one ``write()`` on an
 unbuffered file, so a SIGKILL leaves only complete lines and loses at most the events of
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import structlog
+from msgspec.structs import astuple
 
 from ..schema.events import PROBE_STATS, SCHEMA_VERSION, EventKind
 
@@ -52,8 +54,9 @@ STOPPING_FLUSH_INTERVAL_S = 0.01
 #: stuck inside write() (a hung disk): beyond it they give up instead of holding vLLM.
 STALL_WAIT_S = 1.0
 
-#: Queue item: (kind, wall-clock ts in s, data-parallel rank, values in kind.fields order).
-QueuedEvent = tuple[EventKind, float, int, tuple[Any, ...]]
+#: Queue item: (kind, wall-clock ts in s, data-parallel rank, the event's fields): what
+#: ``kind.pack(...)`` returned, or a tuple of values in ``kind.fields`` order.
+QueuedEvent = tuple[EventKind, float, int, Any]
 
 
 class _LineBuffer:
@@ -73,7 +76,7 @@ class _LineBuffer:
 
 # -- rendering: one structlog call per batch ----------------------------------------------
 # The writer thread hands a whole batch to structlog once; the processor chain turns the
-# queued tuples into ordered dicts and renders each with structlog's JSONRenderer. Per
+# queued events into ordered dicts and renders each with structlog's JSONRenderer. Per
 # event that leaves one dict and one JSON encoding: ~7 µs per step event on the 2-core
 # test machine, against ~23 µs for one structlog call per event (docs/performance.md).
 # It matters because rendering holds the GIL that vLLM's scheduler thread needs.
@@ -99,6 +102,8 @@ def _event_dicts(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[s
     dicts = []
     for kind, ts, engine, values in event_dict["batch"]:
         _, name, names, optional = _layout(kind)
+        if type(values) is not tuple:  # kind.pack(...): its values in field order
+            values = astuple(values)
         d = {"event": name, "ts": ts, "pid": pid, "engine": engine, "schema": SCHEMA_VERSION}
         d.update(zip(names, values))
         for i in optional:
@@ -236,8 +241,16 @@ class EventSink:
 
     # -- scheduler thread -------------------------------------------------------------
 
-    def emit(self, kind: EventKind, ts: float, engine: int, values: tuple[Any, ...]) -> None:
-        """Queue one event; never blocks, never raises. Drops (counted) when full."""
+    def emit(self, kind: EventKind, ts: float, engine: int, values: Any) -> None:
+        """Queue one event; never blocks, never raises. Drops (counted) when full.
+
+        Args:
+            kind: the event's kind (``vllm_probe.schema.events.STEP``, ...).
+            ts: when it happened, ``time.time()`` (s since the epoch).
+            engine: the data-parallel rank of the engine core.
+            values: the fields, built by name with ``kind.pack(...)``; a tuple of values
+                in ``kind.fields`` order is also taken (a recorded line replayed).
+        """
         q = self._queue
         if len(q) < self._capacity:
             q.append((kind, ts, engine, values))
@@ -339,7 +352,9 @@ class EventSink:
         """The rendered ``probe_stats`` line for ``written`` events (with the lock held)."""
         errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
         self._stats_at = (written, self.dropped)
-        self._render([(PROBE_STATS, time.time(), self.engine, (written, self.dropped, errors, disabled))])
+        self._render([(PROBE_STATS, time.time(), self.engine, PROBE_STATS.pack(
+            events_written=written, events_dropped=self.dropped, hook_errors=errors,
+            hooks_disabled=disabled))])
         lines, self._buffer.lines = self._buffer.lines, []
         self._buffer.failed = []
         return lines
