@@ -72,6 +72,7 @@ MIN_SUPPORTED = (0, 12)
 #: MIN_SUPPORTED up to it passed; docs/compatibility.md). Newer ones get a warning.
 NEWEST_TESTED = (0, 33)
 
+
 def is_tested(version: str) -> bool:
     """Whether the compatibility suite covers ``version``'s minor release."""
     return MIN_SUPPORTED <= parse_version(version) <= NEWEST_TESTED
@@ -89,7 +90,12 @@ def parse_version(version: str) -> tuple[int, int]:
 
 
 def signature_problem(func: Any, params: tuple[str, ...]) -> str | None:
-    """Why ``func`` does not fit a wrapper expecting ``params`` after ``self``, or None."""
+    """Why ``func`` does not fit a wrapper expecting ``params`` after ``self``, or None.
+
+    ``params`` are the leading positional parameter names the wrapper relies on (an entry
+    of :data:`.patches.PATCHES`); the answer reads e.g. ``"expected parameters (request),
+    found (req, timestamp)"`` or ``"signature cannot be inspected"``. Never raises.
+    """
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError):
@@ -107,7 +113,12 @@ def signature_problem(func: Any, params: tuple[str, ...]) -> str | None:
 
 
 def token_budget(sched: Any) -> int:
-    """The per-step token budget (``max_num_scheduled_tokens``; see DIFFERENCES, 0.17)."""
+    """The per-step token budget in tokens.
+
+    ``Scheduler.max_num_scheduled_tokens`` (``vllm/v1/core/sched/scheduler.py``, from
+    0.17 it may differ from the configured budget; see DIFFERENCES), else
+    ``scheduler_config.max_num_batched_tokens``.
+    """
     budget = getattr(sched, "max_num_scheduled_tokens", None)
     if budget is None:
         budget = sched.scheduler_config.max_num_batched_tokens
@@ -115,10 +126,11 @@ def token_budget(sched: Any) -> int:
 
 
 def queue_lengths_reader(sched: Any):
-    """Return a function ``sched -> (running, waiting)`` chosen once per scheduler.
+    """Return a function ``sched -> (running, waiting)`` (request counts), chosen once
+    per scheduler so the step hook does no ``hasattr`` per step.
 
     From 0.31 requests that hold KV blocks while they wait are in ``kv_holding_waiting``;
-    they count as waiting, as in vLLM's own ``get_request_counts``.
+    they count as waiting, as in vLLM's own ``Scheduler.get_request_counts``.
     """
     if hasattr(sched, "kv_holding_waiting"):
         return lambda s: (len(s.running), len(s.waiting) + len(s.kv_holding_waiting))
@@ -126,7 +138,12 @@ def queue_lengths_reader(sched: Any):
 
 
 def finish_reason(request: Any) -> str:
-    """Finish reason of a finished request as vLLM's API reports it (``stop``, ...)."""
+    """Finish reason of a finished request as vLLM's API reports it.
+
+    ``request.get_finished_reason()`` (``vllm/v1/request.py``: ``stop``, ``length``,
+    ``abort``, ``error``); when it gives None or raises, the request status's name in
+    lower case (e.g. ``finished_aborted``). Never raises.
+    """
     try:
         reason = request.get_finished_reason()
     except Exception:
@@ -138,7 +155,17 @@ def finish_reason(request: Any) -> str:
 
 
 def engine_settings(sched: Any) -> dict[str, Any]:
-    """The effective scheduler settings of a built ``Scheduler`` (engine_config fields)."""
+    """The effective scheduler settings of a built ``Scheduler``, after vLLM applied its
+    defaults and platform overrides.
+
+    Returns ``{engine_config field: value}`` for the fields the probe takes from here
+    (token and block counts in tokens / blocks) plus ``"engine"``, the data-parallel
+    rank. Reads ``sched.vllm_config`` (``vllm/config/``: ``scheduler_config``,
+    ``cache_config``, ``parallel_config``, ``model_config``) and ``sched.kv_cache_config``;
+    ``enable_chunked_prefill`` was ``chunked_prefill_enabled`` in older releases. Raises
+    ``AttributeError`` when a release lacks a required attribute (the ``engine_config``
+    hook counts it and leaves that scheduler unprobed).
+    """
     vc = sched.vllm_config
     sc, cc = vc.scheduler_config, vc.cache_config
     pc = vc.parallel_config

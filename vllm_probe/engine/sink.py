@@ -370,6 +370,7 @@ class EventSink:
 
     @property
     def dropped(self) -> int:
+        """Events lost so far: queue full, write failed, or not encodable."""
         return self.dropped_full + self.dropped_io + self.dropped_encode
 
     def _stats_lines(self, written: int) -> list[bytes]:
