@@ -41,7 +41,7 @@ SCHEDULER_CLASS = "Scheduler"
 WrapperFactory = Callable[[Runtime, Callable[..., Any]], Callable[..., Any]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Patch:
     """One scheduler method the probe wraps.
 
@@ -199,33 +199,34 @@ _STEP_DETAIL = ("log_chunk_boundaries", "log_schedule_each_step")
 #: Every method the probe wraps, in install order (also the order of ``hook_errors``).
 #: File: ``vllm/v1/core/sched/scheduler.py``; release differences in :mod:`.compat`.
 PATCHES: tuple[Patch, ...] = (
-    Patch("engine_config", "__init__", ("vllm_config", "kv_cache_config"), True, (), _wrap_init,
-          "Once the scheduler is built: attach the probe's per-scheduler state and write "
-          "engine_config with the effective settings. Scheduler.__init__(self, vllm_config, "
-          "kv_cache_config, ...) in every release from 0.12."),
-    Patch("step", "schedule", (), True, (), _wrap_schedule,
-          "One step event per call and the time spent inside; the step index feeds every "
-          "other event, so it is installed even with step events off. schedule(self) up "
-          "to 0.23, schedule(self, throttle_prefills=False) from 0.24 (EngineCore passes "
-          "it positionally: the wrapper passes *args on)."),
-    Patch("chunk", "_update_after_schedule", ("scheduler_output",), False, _STEP_DETAIL,
-          _wrap_update_after_schedule,
-          "The prefill-chunk boundary: vLLM advances num_computed_tokens of every "
-          "scheduled request here, so the wrapper reads it just before (from 0.9.2)."),
-    Patch("preempt", "_preempt_request", ("request",), False, ("log_preempt_events", *_STEP_DETAIL),
-          _wrap_preempt,
-          "Preemption by recompute (from 0.12): vLLM resets request.num_computed_tokens "
-          "to 0, so the discarded tokens are read before the call; also reached from "
-          "reset_prefix_cache(), outside a step. (request, timestamp) in 0.12, "
-          "drop_stale_output from 0.27."),
-    Patch("request_added", "add_request", ("request",), False, ("log_request_events",),
-          _wrap_add_request,
-          "A request reaches the engine core's scheduler; streaming-input sessions re-add "
-          "an existing id, which is not a new request."),
-    Patch("request_finished", "_free_request", ("request",), False, ("log_request_events",),
-          _wrap_free_request,
-          "A request leaves the scheduler (stopped, length, aborted). delay_free_blocks "
-          "from 0.16, a tuple result from 0.26: passed through untouched."),
+    Patch(hook="engine_config", method="__init__", params=("vllm_config", "kv_cache_config"),
+          required=True, flags=(), wrap=_wrap_init,
+          why="Once the scheduler is built: attach the probe's per-scheduler state and write "
+              "engine_config with the effective settings. Scheduler.__init__(self, vllm_config, "
+              "kv_cache_config, ...) in every release from 0.12."),
+    Patch(hook="step", method="schedule", params=(), required=True, flags=(), wrap=_wrap_schedule,
+          why="One step event per call and the time spent inside; the step index feeds every "
+              "other event, so it is installed even with step events off. schedule(self) up "
+              "to 0.23, schedule(self, throttle_prefills=False) from 0.24 (EngineCore passes "
+              "it positionally: the wrapper passes *args on)."),
+    Patch(hook="chunk", method="_update_after_schedule", params=("scheduler_output",),
+          required=False, flags=_STEP_DETAIL, wrap=_wrap_update_after_schedule,
+          why="The prefill-chunk boundary: vLLM advances num_computed_tokens of every "
+              "scheduled request here, so the wrapper reads it just before (from 0.9.2)."),
+    Patch(hook="preempt", method="_preempt_request", params=("request",), required=False,
+          flags=("log_preempt_events", *_STEP_DETAIL), wrap=_wrap_preempt,
+          why="Preemption by recompute (from 0.12): vLLM resets request.num_computed_tokens "
+              "to 0, so the discarded tokens are read before the call; also reached from "
+              "reset_prefix_cache(), outside a step. (request, timestamp) in 0.12, "
+              "drop_stale_output from 0.27."),
+    Patch(hook="request_added", method="add_request", params=("request",), required=False,
+          flags=("log_request_events",), wrap=_wrap_add_request,
+          why="A request reaches the engine core's scheduler; streaming-input sessions re-add "
+              "an existing id, which is not a new request."),
+    Patch(hook="request_finished", method="_free_request", params=("request",), required=False,
+          flags=("log_request_events",), wrap=_wrap_free_request,
+          why="A request leaves the scheduler (stopped, length, aborted). delay_free_blocks "
+              "from 0.16, a tuple result from 0.26: passed through untouched."),
 )
 
 #: Patched class -> (its Runtime, [(method name, vLLM's original)]).
