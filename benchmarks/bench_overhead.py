@@ -17,7 +17,7 @@ One scheduler runs the workload; blocks of 20 steps alternate between A (vLLM's 
 methods on the class) and B (the probe installed: all flags on, the real
 :class:`~vllm_probe.engine.sink.EventSink` writing JSON lines to a temp file, its writer thread
 running), A B, B A, ... for 50 rounds in one process, switched with
-:func:`vllm_probe.engine.hooks.install` / :func:`~vllm_probe.engine.hooks.uninstall` (A never goes
+:func:`vllm_probe.engine.patches.install` / :func:`~vllm_probe.engine.patches.uninstall` (A never goes
 through a wrapper; one instance for both, because two instances of the same workload
 differ by a few percent on their own). Reported per case: the median µs of one
 ``schedule()`` call and of a whole step (``add_request`` of new arrivals +
@@ -218,7 +218,7 @@ def run_micro_case(mix: str, n: int, rounds: int, block: int, warmup: int, out_d
     dropped), as the probe would have done itself. ``probe_on=False`` leaves the probe
     out of B as well: an A/A run whose ratios show the noise floor.
     """
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
     from vllm_probe.settings import ProbeFlags
     from vllm_probe.engine.sink import EventSink
 
@@ -331,8 +331,10 @@ def queue_memory(capacity: int | None = None) -> dict[str, float]:
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
             for i in range(capacity + extra):  # a step event as the probe builds it
-                sink.emit(STEP, time.time(), 0, (i, 256, 2048, 0, 0, 256, 256, 0, 256, 0,
-                                                 0.5, 1000, 1400.0 + i, [], []))
+                sink.emit(STEP, time.time(), 0, STEP.pack(
+                    step=i, scheduled_tokens=256, token_budget=2048, prefill_reqs=0, prefill_tokens=0,
+                    decode_reqs=256, decode_tokens=256, new_reqs=0, running=256, waiting=0,
+                    kv_usage=0.5, free_blocks=1000, schedule_us=1400.0 + i, preempted=[], finished=[]))
             held = tracemalloc.get_traced_memory()[0] - before
             tracemalloc.stop()
             return {"capacity": capacity, "queue_mib": held / 2**20, "dropped": sink.dropped,

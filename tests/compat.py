@@ -48,10 +48,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_probe import envvars
 from vllm_probe.engine.compat import MIN_SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CACHE = Path(os.environ.get("VLLMPROBE_COMPAT_CACHE") or "~/.cache/vllm-probe/compat").expanduser()
+DEFAULT_CACHE = Path(os.environ.get(envvars.COMPAT_CACHE) or "~/.cache/vllm-probe/compat").expanduser()
 #: Older minors run to prove the refusal (preemption inline in ``schedule()``); from
 #: ``compat.MIN_SUPPORTED`` on, every minor is expected to pass.
 LEGACY_MINORS = ((0, 9), (0, 10), (0, 11))
@@ -267,7 +268,7 @@ def inspect_release() -> int:
     logging.getLogger("vllm_probe").addHandler(Keep())
     import vllm
 
-    from vllm_probe.engine import compat
+    from vllm_probe.engine import compat, patches
 
     from vllm_probe import plugin
 
@@ -282,9 +283,9 @@ def inspect_release() -> int:
     except Exception as e:  # noqa: BLE001 - reported in the table
         Scheduler = None
         notes.append(f"scheduler does not import here ({type(e).__name__}: {str(e)[:80]})")
-    patched = [t.method for t in compat.TARGETS
+    patched = [t.method for t in patches.PATCHES
                if getattr(vars(Scheduler).get(t.method) if Scheduler else None, WRAPPED_ATTR, None)]
-    missing = [t.method for t in compat.TARGETS if t.method not in patched]
+    missing = [t.method for t in patches.PATCHES if t.method not in patched]
     if Scheduler is not None:
         notes += [f"harness: {a}" for a in testing.harness_adaptations()]
     notes += [f"plugin: {r.getMessage().removeprefix('vllm-probe: ')}"
@@ -458,10 +459,10 @@ def main(argv: list[str] | None = None) -> int:
             results[r.release] = r
             print(f"  {r.release}: {r.status} ({_tests_cell(r)}, {r.seconds:.0f} s)", flush=True)
 
-    from vllm_probe.engine import compat
+    from vllm_probe.engine import patches
 
     ordered = [results[v] for v in sorted(results, key=vkey)]
-    total = len(compat.TARGETS)
+    total = len(patches.PATCHES)
     print()
     print_table(ordered, total)
     if args.docs:

@@ -32,7 +32,7 @@ def record_harness_workloads(out: Path) -> Path:
     import vllm
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
 
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags

@@ -49,7 +49,7 @@ def baseline(scheduler_cls):
 @pytest.fixture
 def installed(scheduler_cls):
     """install(cls=Scheduler, flags=all on) into a MemorySink; uninstalled afterwards."""
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe.engine import hooks as probe, patches
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
@@ -59,13 +59,13 @@ def installed(scheduler_cls):
         cls = cls or scheduler_cls
         sink = testing.MemorySink()
         rt = probe.Runtime(flags or ProbeFlags(), lambda _rt: sink)
-        patched = probe.install(cls, rt, version)
+        patched = patches.install(cls, rt, version)
         classes.append(cls)
         return sink, rt, patched
 
     yield make
     for cls in classes:
-        probe.uninstall(cls)
+        patches.uninstall(cls)
 
 
 # -- 3. faults inside hooks ------------------------------------------------------------
@@ -252,18 +252,16 @@ def test_required_target_changed_patches_nothing(installed, scheduler_cls, basel
 def plugin_env(monkeypatch, tmp_path, scheduler_cls):
     """VLLMPROBE_ENABLE=1 with a run dir under tmp_path; the plugin's patch undone after."""
     from vllm_probe import plugin
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe.engine import patches
 
     run_dir = tmp_path / "run"
     monkeypatch.setenv("VLLMPROBE_ENABLE", "1")
     monkeypatch.setenv("VLLMPROBE_RUN_DIR", str(run_dir))
     monkeypatch.setattr(plugin, "_registered", False)
     yield run_dir
-    probe.uninstall(scheduler_cls)
-    for rt in probe._runtime_ref:
-        if rt._sink is not None:
-            rt._sink.close()
-    probe._runtime_ref.clear()
+    rt = patches.uninstall(scheduler_cls)
+    if rt is not None:
+        rt.close()
 
 
 def test_untested_release_is_said_once(plugin_env, monkeypatch, caplog):
@@ -303,7 +301,7 @@ def test_too_old_release_patches_nothing(plugin_env, monkeypatch, caplog, schedu
 
 def test_register_twice_and_a_second_copy_wrap_once(plugin_env, scheduler_cls, baseline, monkeypatch):
     from vllm_probe import plugin
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe.engine import hooks as probe, patches
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
@@ -314,16 +312,15 @@ def test_register_twice_and_a_second_copy_wrap_once(plugin_env, scheduler_cls, b
     monkeypatch.setattr(plugin, "_registered", False)
     plugin.register()  # even past the guard (e.g. a second copy of the plugin module)
     with monkeypatch.context() as m:  # a copy of the probe module with its own registry
-        m.setattr(probe, "_installed", {})
-        assert probe.install(scheduler_cls, probe.Runtime(ProbeFlags(), lambda rt: None), "0.32.0") == []
+        m.setattr(patches, "_installed", {})
+        assert patches.install(scheduler_cls, probe.Runtime(ProbeFlags(), lambda rt: None), "0.32.0") == []
     assert scheduler_cls.schedule is wrapped
     assert not hasattr(getattr(wrapped, probe.WRAPPED_ATTR), probe.WRAPPED_ATTR)
 
     assert not plugin_env.exists()  # nothing is written before a scheduler exists
     sched = testing.make_scheduler(testing.SchedulerSpec(**SPEC))
     assert trace(sched, workload()) == baseline
-    (rt,) = probe._runtime_ref
-    rt.sink.close()
+    probe.attached_probe(sched).rt.sink.close()
     files = list(plugin_env.iterdir())
     assert [f.name for f in files] == [f"events-{__import__('os').getpid()}.jsonl"]
     events = [json.loads(line) for line in files[0].read_text().splitlines()]
@@ -404,8 +401,7 @@ def test_the_probe_creates_no_socket(plugin_env, scheduler_cls):
         plugin.register()
         sched = testing.make_scheduler(testing.SchedulerSpec(**SPEC))
         trace(sched, workload())
-        (rt,) = probe._runtime_ref
-        rt.sink.close()
+        probe.attached_probe(sched).rt.sink.close()
     finally:
         active[0] = False
     assert seen == []

@@ -41,6 +41,13 @@ from vllm_probe.engine.sink import FLUSH_INTERVAL_S, STOPPING_FLUSH_INTERVAL_S, 
 VARYING = {"arrival_ts", "schedule_us"}  # differ between two runs of the same workload
 
 
+def step_event(i, finished=()):
+    """A step event built by name, as the probe's step hook builds it."""
+    return STEP.pack(step=i, scheduled_tokens=10, token_budget=64, prefill_reqs=1, prefill_tokens=9,
+                     decode_reqs=1, decode_tokens=1, new_reqs=1, running=2, waiting=0, kv_usage=0.5,
+                     free_blocks=7, schedule_us=12.5, preempted=[], finished=list(finished))
+
+
 def comparable(kind: str, fields: dict) -> tuple:
     return kind, tuple(sorted((k, json.dumps(v)) for k, v in fields.items()
                               if v is not None and k not in VARYING))
@@ -56,7 +63,7 @@ def scheduler_cls():
 @pytest.fixture(scope="module")
 def reference(scheduler_cls):
     """(trace without the probe, events of the probed run in a MemorySink)."""
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
 
@@ -74,7 +81,7 @@ def reference(scheduler_cls):
 @pytest.fixture
 def probed(scheduler_cls):
     """install() with a sink factory of the test's choosing; uninstalled afterwards."""
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
     from vllm_probe.settings import ProbeFlags
 
     made = []
@@ -236,15 +243,12 @@ def test_an_event_that_cannot_be_encoded_is_dropped_and_counted(tmp_path, caplog
     path = tmp_path / "events.jsonl"
     sink = EventSink(path, flush_interval_s=3600)
 
-    def values(i, finished=()):
-        return (i, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], list(finished))
-
-    sink.emit(STEP, 1.0, 0, values(0))
-    sink.emit(STEP, 2.0, 0, values(1, finished=[{("a", 1): 2}]))
-    sink.emit(STEP, 3.0, 0, values(2))
+    sink.emit(STEP, 1.0, 0, step_event(0))
+    sink.emit(STEP, 2.0, 0, step_event(1, finished=[{("a", 1): 2}]))
+    sink.emit(STEP, 3.0, 0, step_event(2))
     sink.flush()
-    sink.emit(STEP, 4.0, 0, values(3, finished=[{("a", 1): 2}]))
-    sink.emit(STEP, 5.0, 0, values(4))
+    sink.emit(STEP, 4.0, 0, step_event(3, finished=[{("a", 1): 2}]))
+    sink.emit(STEP, 5.0, 0, step_event(4))
     sink.close()
     events = file_events(path)
     assert [e.get("step") for e in events] == [0, 2, 4, None]
@@ -267,7 +271,7 @@ def test_a_hung_disk_does_not_hang_a_stop_signal_or_the_exit(tmp_path, caplog):
         return stalled[0]
 
     sink = EventSink(tmp_path / "events.jsonl", opener=opener, flush_interval_s=0.01)
-    values = (0, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], [])
+    values = step_event(0)
     sink.emit(STEP, 0.0, 0, values)
     assert stalled[0].entered.wait(10)
     for i in range(1, 11):
@@ -321,7 +325,7 @@ def test_flood_against_a_stalled_writer_is_bounded_and_counted(tmp_path):
         return stalled[0]
 
     sink = EventSink(tmp_path / "events.jsonl", capacity=cap, opener=opener, flush_interval_s=0.01)
-    values = (0, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], [])
+    values = step_event(0)
     sink.emit(STEP, 0.0, 0, values)
     assert stalled[0].entered.wait(10)  # the writer is now stuck inside write()
     tracemalloc.start()
@@ -389,7 +393,10 @@ _CHILD = textwrap.dedent("""
     i = 0
     while True:
         ts = time.time()
-        sink.emit(STEP, ts, 0, (i, 1, 64, 0, 0, 1, 1, 0, 1, 0, 0.5, 7, 1.0, [], []))
+        sink.emit(STEP, ts, 0, STEP.pack(step=i, scheduled_tokens=1, token_budget=64, prefill_reqs=0,
+                                         prefill_tokens=0, decode_reqs=1, decode_tokens=1, new_reqs=0,
+                                         running=1, waiting=0, kv_usage=0.5, free_blocks=7,
+                                         schedule_us=1.0, preempted=[], finished=[]))
         i += 1
         shared[:16] = struct.pack("qd", i, ts)
         time.sleep(0.001)

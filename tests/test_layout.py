@@ -7,6 +7,7 @@ Every import counts, lazy ones inside functions included. A part is a folder of
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vllm_probe"
@@ -29,6 +30,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"__init__", "envvars", "settings", "schema", "engine", "runs", "analysis", "exporters", "sim", "tui"},
     "__main__": {"cli"},
 }
+#: The only packages beyond the standard library that ``engine/`` may import: it runs
+#: inside vLLM's engine core and carries nothing a server would not already have.
+ENGINE_THIRD_PARTY = {"vllm", "structlog", "msgspec"}
 #: Third-party packages a part must never import.
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "engine": {"rich"},  # runs inside vLLM's engine core: no terminal code there
@@ -107,3 +111,39 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
         "vllm_probe/engine/hooks.py:2: engine imports tui (vllm_probe.tui)",
         "vllm_probe/engine/hooks.py:3: engine imports rich",
     ]
+
+
+def test_engine_imports_nothing_beyond_the_stdlib_vllm_structlog_and_msgspec():
+    bad = []
+    for path in sorted((PACKAGE / "engine").glob("*.py")):
+        for name, line in imports_of(path):
+            top = name.split(".")[0]
+            if top != "vllm_probe" and top not in sys.stdlib_module_names and top not in ENGINE_THIRD_PARTY:
+                bad.append(f"{path.name}:{line} imports {name}")
+    assert bad == []
+
+
+def _env_lookups(tree: ast.AST):
+    """String literals passed to os.environ.get / os.getenv / os.environ[...]."""
+    for node in ast.walk(tree):
+        key = None
+        if isinstance(node, ast.Call) and node.args:
+            f = ast.unparse(node.func)
+            if f in ("os.environ.get", "os.getenv", "os.environ.pop", "os.environ.setdefault"):
+                key = node.args[0]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ":
+            key = node.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            yield node.lineno, key.value
+
+
+def test_every_environment_variable_is_read_through_envvars():
+    """Every variable the package reads is named in ``envvars.py``: no lookup elsewhere
+    spells a name as a literal."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "envvars.py":
+            continue
+        for line, name in _env_lookups(ast.parse(path.read_text())):
+            bad.append(f"{path.relative_to(PACKAGE)}:{line} reads {name}")
+    assert bad == []

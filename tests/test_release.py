@@ -56,7 +56,7 @@ def test_plugin_on_this_release(plugin_env, caplog):
     """Supported release: every target patched, events written. Older: one warning, no patch."""
     import vllm
 
-    from vllm_probe.engine import compat, hooks as probe
+    from vllm_probe.engine import compat, hooks as probe, patches
 
     from vllm_probe import plugin
 
@@ -84,16 +84,15 @@ def test_plugin_on_this_release(plugin_env, caplog):
     from vllm_probe.sim import harness as testing
 
     try:
-        wrapped = {t.method for t in compat.TARGETS
+        wrapped = {t.method for t in patches.PATCHES
                    if hasattr(Scheduler.__dict__.get(t.method), probe.WRAPPED_ATTR)}
-        assert wrapped == {t.method for t in compat.TARGETS}
+        assert wrapped == {t.method for t in patches.PATCHES}
         sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=40))
         sched.add_request(testing.make_request(100, 2, req_id="one"))
         n_steps = testing.run_until_idle(sched)
-        probe._runtime_ref[0].sink.close()
+        probe.attached_probe(sched).rt.sink.close()
     finally:
-        probe.uninstall(Scheduler)
-        probe._runtime_ref.clear()
+        patches.uninstall(Scheduler)
     assert _probe_warnings(caplog) == []  # no "not tested" warning: the matrix covers it
     assert any(f"for vLLM {version};" in r.getMessage() for r in caplog.records), [
         (r.name, r.getMessage()[:60]) for r in caplog.records]
@@ -101,6 +100,6 @@ def test_plugin_on_this_release(plugin_env, caplog):
     lines = [json.loads(line) for line in events_file.read_text().splitlines()]
     kinds = [e["event"] for e in lines]
     assert lines[0]["event"] == "engine_config" and lines[0]["vllm_version"] == version
-    assert len(lines[0]["patched"]) == len(compat.TARGETS)
+    assert len(lines[0]["patched"]) == len(patches.PATCHES)
     assert kinds.count("step") == n_steps
     assert [(e["start"], e["end"]) for e in lines if e["event"] == "chunk"] == [(0, 64), (64, 100)]

@@ -28,7 +28,7 @@ def probed(vllm_mod):
     """Install the probe with all flags on into a MemorySink; uninstall afterwards."""
     import vllm
 
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe import engine as probe
 
     from vllm_probe.sim import harness as testing
     from vllm_probe.settings import ProbeFlags
@@ -296,12 +296,107 @@ def test_async_scheduler_wrapped_once(probed):
 
 
 def test_install_is_idempotent(probed, vllm_mod):
-    from vllm_probe.engine import hooks as probe
+    from vllm_probe.engine import hooks as probe, patches
 
     _, rt = probed()
     wrapped = vllm_mod.schedule
     original = getattr(wrapped, probe.WRAPPED_ATTR)
-    assert probe.install(vllm_mod, rt, rt.vllm_version) == rt.patched
+    assert patches.install(vllm_mod, rt, rt.vllm_version) == rt.patched
     assert vllm_mod.schedule is wrapped
     assert getattr(vllm_mod.schedule, probe.WRAPPED_ATTR) is original
     assert not hasattr(original, probe.WRAPPED_ATTR)
+
+
+# -- emit by name: the schema evolves without breaking the hooks ----------------------------
+
+HOOK_KINDS = ("ENGINE_CONFIG", "STEP", "CHUNK", "PREEMPT", "REQUEST_ADDED", "REQUEST_FINISHED")
+
+
+def _appended(monkeypatch, field, names=HOOK_KINDS):
+    """Each kind in ``names`` as a later schema might have it: ``field`` appended (after
+    ``flags`` for engine_config: the place a positional slice broke). The hooks and the
+    sink read their kinds at call time, so they get these."""
+    import dataclasses
+
+    from vllm_probe.engine import hooks, sink
+    from vllm_probe.schema import events
+
+    for name in names:
+        kind = getattr(events, name)
+        monkeypatch.setattr(hooks, name, dataclasses.replace(kind, fields=kind.fields + (field,)))
+    monkeypatch.setattr(sink, "PROBE_STATS", dataclasses.replace(
+        events.PROBE_STATS, fields=events.PROBE_STATS.fields + (field,)))
+
+
+def _run_into_file(vllm_mod, path):
+    """The preempting workload, probed into an EventSink file; returns its masked lines."""
+    from tests._workload import SPEC, trace, workload
+    from tests.test_event_bytes import mask
+    from vllm_probe.engine import hooks, patches
+    from vllm_probe.engine.sink import EventSink
+    from vllm_probe.settings import ProbeFlags
+    from vllm_probe.sim import harness as testing
+
+    rt = hooks.Runtime(ProbeFlags(), lambda rt: EventSink(path, stats_extra=rt.health.snapshot))
+    patches.install(vllm_mod, rt, "0.32.0")
+    try:
+        trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
+    finally:
+        patches.uninstall(vllm_mod)
+        rt.close()
+    return rt, mask(path.read_bytes()).splitlines()
+
+
+def test_an_optional_field_appended_to_every_kind_breaks_no_hook(vllm_mod, monkeypatch, tmp_path):
+    """Every hook still emits, no hook counts an error, and the lines are the same bytes:
+    a field no emit site passes yet is None, and an optional None is left out."""
+    from vllm_probe.schema.events import Field
+
+    _, before = _run_into_file(vllm_mod, tmp_path / "before.jsonl")
+    _appended(monkeypatch, Field("added_later", "int", "-", "A field a later schema adds.", optional=True))
+    rt, after = _run_into_file(vllm_mod, tmp_path / "after.jsonl")
+    assert rt.health.errors == dict.fromkeys(rt.health.errors, 0) and not rt.health.disabled
+    kinds = {line.split(b'"event": "')[1].split(b'"')[0].decode() for line in after}
+    assert kinds == {"engine_config", "step", "chunk", "preempt", "request_added", "request_finished",
+                     "probe_stats"}
+    assert after == before
+
+
+def test_an_optional_field_appended_reaches_every_event_as_none(probed, monkeypatch):
+    """The same schema change through the MemorySink: every kind is emitted, each event
+    carries the new field as None and engine_config's fields keep their values."""
+    from tests._workload import SPEC, trace, workload
+    from vllm_probe.schema.events import Field
+    from vllm_probe.settings import ProbeFlags
+    from vllm_probe.sim import harness as testing
+
+    _appended(monkeypatch, Field("added_later", "int", "-", "A field a later schema adds.", optional=True))
+    sink, rt = probed()
+    trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
+    assert {k for k, _ in sink.events} == {"engine_config", "step", "chunk", "preempt", "request_added",
+                                          "request_finished"}
+    assert not rt.health.disabled
+    assert all(e["added_later"] is None for _, e in sink.events)
+    config = sink.of("engine_config")[0]
+    assert config["flags"] == ProbeFlags().to_dict() and config["data_parallel_size"] == 1
+
+
+@pytest.mark.parametrize("name", HOOK_KINDS)
+def test_a_required_field_appended_fails_at_the_emit_site(probed, monkeypatch, name, caplog):
+    """A required field no emit site passes is a TypeError naming it, in that hook only
+    (counted, switched off with one warning): never a line with the field missing."""
+    import logging
+
+    from tests._workload import SPEC, probe_warnings, trace, workload
+    from vllm_probe.schema.events import Field
+    from vllm_probe.sim import harness as testing
+
+    hook = name.lower()
+    caplog.set_level(logging.WARNING, logger="vllm_probe")
+    _appended(monkeypatch, Field("added_later", "int", "-", "A required field.", optional=False), names=(name,))
+    sink, rt = probed()
+    trace(testing.make_scheduler(testing.SchedulerSpec(**SPEC)), workload())
+    assert rt.health.disabled == {hook}
+    assert hook not in {k for k, _ in sink.events}
+    (warning,) = probe_warnings(caplog)
+    assert f"hook '{hook}' disabled" in warning and "Missing required argument 'added_later'" in warning

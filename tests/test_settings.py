@@ -67,3 +67,34 @@ def test_missing_file_is_a_settings_error(tmp_path):
 def test_flags_round_trip_to_dict():
     f = ProbeFlags(log_chunk_boundaries=False)
     assert ProbeFlags(**json.loads(json.dumps(f.to_dict()))) == f
+
+
+@pytest.mark.parametrize("data,message", [
+    ([1, 2], "the top level must be an object, got list"),
+    ({1: 2}, "unknown key 1 (known: model, sampling, scheduler_probe)"),
+    ({"model": None}, "model: expected a string, got null"),
+    ({"sampling": {"x": 1}}, "unknown key 'sampling.x' (known: temperature, top_p, max_tokens, seed)"),
+    ({"sampling": {"temperature": True}}, "sampling.temperature: expected an integer or a number, got true"),
+    ({"scheduler_probe": "x"}, 'scheduler_probe: expected an object, got "x"'),
+    ({"scheduler_probe": {1: True}}, "unknown key 'scheduler_probe.1' (known: log_schedule_each_step, "
+     "log_preempt_events, log_chunk_boundaries, log_request_events, queue_capacity)"),
+    ({"scheduler_probe": {"log_preempt_events": None}}, "scheduler_probe.log_preempt_events: expected true/false, got null"),
+    ({"scheduler_probe": {"queue_capacity": 1.0}}, "scheduler_probe.queue_capacity: expected an integer, got 1.0"),
+    ({"scheduler_probe": {"queue_capacity": -5}}, "scheduler_probe.queue_capacity must be at least 1"),
+    ({"scheduler_probe": {"queue_capacity": {"a": 1}}}, 'scheduler_probe.queue_capacity: expected an integer, got {"a": 1}'),
+])
+def test_msgspec_errors_read_as_one_line_naming_the_key(data, message):
+    """msgspec.convert checks the file against the Structs; its errors are rewritten to
+    the messages the hand-written checks gave (same words, same key paths)."""
+    from vllm_probe.settings import parse_settings
+
+    with pytest.raises(SettingsError) as e:
+        parse_settings(data, "f.json")
+    assert str(e.value) == f"f.json: {message}"
+
+
+def test_sampling_and_model_are_returned_as_written():
+    from vllm_probe.settings import parse_settings
+
+    s = parse_settings({"model": "", "sampling": {"top_p": 1, "seed": 3}}, "f.json")
+    assert (s.model, s.sampling, s.flags) == ("", {"top_p": 1, "seed": 3}, ProbeFlags())

@@ -11,7 +11,9 @@ from vllm_probe.engine.sink import EventSink
 
 
 def step_values(i):
-    return (i, 10, 64, 1, 9, 1, 1, 1, 2, 0, 0.5, 7, 12.5, [], [])
+    return STEP.pack(step=i, scheduled_tokens=10, token_budget=64, prefill_reqs=1, prefill_tokens=9,
+                     decode_reqs=1, decode_tokens=1, new_reqs=1, running=2, waiting=0, kv_usage=0.5,
+                     free_blocks=7, schedule_us=12.5, preempted=[], finished=[])
 
 
 def read_lines(path):
@@ -22,8 +24,10 @@ def test_lines_carry_common_fields_and_close_with_stats(tmp_path):
     path = tmp_path / "events-1.jsonl"
     sink = EventSink(path, stats_extra=lambda: ({"step": 0}, []))
     sink.emit(STEP, 100.25, 3, step_values(0))
-    sink.emit(CHUNK, 100.5, 3, (0, "r1", 0, 0, 64, 100, 100, False, False, 0))
-    sink.emit(CHUNK, 100.75, 3, (1, "r1", 1, 64, 100, 100, 100, True, False, None))
+    sink.emit(CHUNK, 100.5, 3, CHUNK.pack(step=0, req_id="r1", chunk_index=0, start=0, end=64, prompt_len=100,
+                                          prefill_len=100, last=False, resumed=False, prefix_hit_tokens=0))
+    sink.emit(CHUNK, 100.75, 3, CHUNK.pack(step=1, req_id="r1", chunk_index=1, start=64, end=100, prompt_len=100,
+                                           prefill_len=100, last=True, resumed=False))
     sink.close()
     lines = read_lines(path)
     assert [e["event"] for e in lines] == ["step", "chunk", "chunk", "probe_stats"]

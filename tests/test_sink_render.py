@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import structlog
 
 from vllm_probe.schema.events import (CHUNK, ENGINE_CONFIG, PREEMPT, PROBE_STATS, REQUEST_ADDED,
@@ -58,3 +59,83 @@ def test_batched_rendering_is_byte_identical_to_one_renderer_call_per_event(tmp_
     assert lines[:-1] == expected
     assert json.loads(lines[-1])["event"] == "probe_stats"
     assert '"ts": 1795990833.7081244' in lines[1] and '"prefill_reqs"' not in lines[0]
+
+
+# -- the serializer: msgspec where it writes json.dumps's text, json.dumps elsewhere ----------
+
+def _reference(obj):
+    """What the sink wrote before msgspec: structlog's JSONRenderer default, json.dumps
+    with structlog's fallback (repr) for objects JSON has no type for."""
+    return structlog.processors.JSONRenderer()(None, "msg", obj)
+
+
+class _Color(__import__("enum").Enum):
+    RED = 1
+
+
+class _Level(__import__("enum").IntEnum):
+    HIGH = 2
+
+
+VALUES = [
+    # what the hooks emit: msgspec's own path
+    0, -1, 2**63, 2**64 + 1, 2**100, True, False, None, "req-1", "", 0.0, -0.0, 0.5, 1e-4, 9.99e15,
+    1795990833.7081244, 0.6842105263157895, [], {}, [[]], [{}], ["a", "b"], {"step": 0, "chunk": 3},
+    'quote " backslash \\ tab \t newline \n nul \x00 unit \x1f slash /',
+    # where msgspec's text differs: json.dumps writes them
+    "ré", "\u2028", "😀", "\x7f", "\ud800", 1e-5, 1e-7, 1e16, 1e20, -1e300, 5e-324, math.nan,
+    math.inf, -math.inf, {"é": 1}, {1: 2}, {1.5: 2}, {1e-5: 2}, {True: 1}, {None: 1},
+    _Level.HIGH, _Color.RED, {1, 2}, frozenset(), b"bytes", bytearray(b"x"), Opaque(),
+    __import__("datetime").datetime(2026, 1, 2, 3, 4, 5), __import__("uuid").UUID(int=7),
+    __import__("decimal").Decimal("1.5"), ("t", 1), [("t", [1e-9])],
+    {("a", 1): 2},  # JSON cannot hold it: both raise
+]
+
+
+def _ours(obj):
+    from vllm_probe.engine.sink import _dumps
+
+    return structlog.processors.JSONRenderer(serializer=_dumps)(None, "msg", obj)
+
+
+@pytest.mark.parametrize("value", VALUES, ids=lambda v: type(v).__name__ + ":" + ascii(v)[:20])
+def test_the_serializer_writes_json_dumps_text(value):
+    """Byte for byte what json.dumps (ensure_ascii, structlog's repr fallback) wrote, or
+    the same exception: a value inside an event, as a list item and as a nested dict value."""
+    for obj in ({"event": "x", "v": value}, {"event": "x", "l": [1, value]}, {"event": "x", "d": {"k": value}}):
+        try:
+            want = _reference(obj).encode()
+        except Exception as e:
+            with pytest.raises(type(e)):
+                _ours(obj)
+        else:
+            assert _ours(obj) == want
+
+
+def test_the_serializer_on_random_floats():
+    """Every float (random bit patterns, and spread over the magnitudes events carry)
+    is written as Python's repr writes it."""
+    import random
+    import struct
+
+    rnd = random.Random(7)
+    floats = [struct.unpack("d", rnd.getrandbits(64).to_bytes(8, "little"))[0] for _ in range(20_000)]
+    floats += [rnd.choice((1, -1)) * 10 ** rnd.uniform(-8, 20) for _ in range(20_000)]
+    for x in floats:
+        assert _ours({"f": x}) == _reference({"f": x}).encode(), x
+
+
+def test_the_probes_own_events_take_msgspecs_path(monkeypatch):
+    """The events of a real run are written without json.dumps (the fallback is for values
+    the hooks do not emit, bar the rare null or exotic float)."""
+    from pathlib import Path
+
+    from vllm_probe.engine import sink as sink_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("json.dumps was used")
+
+    lines = (Path(__file__).parent / "data" / "real_run_lines.jsonl").read_bytes().splitlines()
+    events = [json.loads(raw) for raw in lines]
+    monkeypatch.setattr(sink_module.json, "dumps", refuse)
+    assert [_ours(e) for e in events] == lines

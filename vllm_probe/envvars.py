@@ -1,8 +1,10 @@
-"""Every environment variable vllm-probe reads, in one place.
+"""Every environment variable vllm-probe reads or sets, in one place.
 
-None starts with ``VLLM_``: vLLM warns about (and can reject) unknown ``VLLM_*`` names.
-``vllm-probe run`` sets them for the command it starts; users who start vLLM by other
-means can set them by hand.
+Ours start with ``VLLMPROBE_``, none with ``VLLM_``: vLLM warns about (and can reject)
+unknown ``VLLM_*`` names. ``vllm-probe run`` sets ``ENABLE``, ``RUN_DIR`` and
+``SETTINGS`` for the command it starts (and extends vLLM's ``VLLM_PLUGINS``); users who
+start vLLM by other means can set them by hand. Beside these, the reports honour
+``COLUMNS`` (the terminal width, as any console program does).
 """
 
 #: "1" enables the plugin in this process tree; anything else leaves vLLM untouched.
@@ -13,6 +15,16 @@ RUN_DIR = "VLLMPROBE_RUN_DIR"
 SETTINGS = "VLLMPROBE_SETTINGS"
 #: "1" lets ``vllm-probe`` show the traceback of an internal error instead of one line.
 DEBUG = "VLLMPROBE_DEBUG"
+#: Folder of the tiny local test model (:mod:`vllm_probe.sim.tiny_model`); default
+#: ``~/.cache/vllm-probe/tiny-llama``. Read by tests, examples and benchmarks, never by
+#: the plugin (the engine core loads whatever model it is given).
+TINY_MODEL = "VLLMPROBE_TINY_MODEL"
+#: Where the compatibility suite (``python -m tests.compat``) caches each vLLM release's
+#: sources; default ``~/.cache/vllm-probe/compat``.
+COMPAT_CACHE = "VLLMPROBE_COMPAT_CACHE"
+#: The terminal's width in columns (set by shells); reports written to a pipe use it
+#: when set (:func:`vllm_probe.tui.format.report_console`).
+COLUMNS = "COLUMNS"
 
 #: vLLM's own allow-list of plugin entry-point names (comma-separated), which we extend.
 VLLM_PLUGINS = "VLLM_PLUGINS"

@@ -39,8 +39,8 @@ def register() -> None:
 def _install_from_env() -> None:
     import vllm
 
-    from .engine import compat
-    from .engine.hooks import Runtime, default_run_dir, file_sink_factory, install
+    from .engine import compat, patches
+    from .engine.hooks import Runtime, default_run_dir, file_sink_factory
     from .settings import ProbeFlags, SettingsError, load_settings
 
     version = getattr(vllm, "__version__", "unknown")
@@ -58,10 +58,10 @@ def _install_from_env() -> None:
 
     from importlib import import_module
 
-    module = import_module(compat.SCHEDULER_MODULE)
-    scheduler_cls = getattr(module, compat.SCHEDULER_CLASS)
+    module = import_module(patches.SCHEDULER_MODULE)
+    scheduler_cls = getattr(module, patches.SCHEDULER_CLASS)
     rt = Runtime(flags, file_sink_factory(default_run_dir()))
-    patched = install(scheduler_cls, rt, version)
+    patched = patches.install(scheduler_cls, rt, version)
     if not patched:
         return
     tested = compat.is_tested(version)

@@ -15,26 +15,30 @@ top-level sections, all optional::
 
 Only ``scheduler_probe`` affects the probe; ``model`` and ``sampling`` are read by the
 examples. Unknown keys and wrong types are errors (:class:`SettingsError`), so a typo
-never silently leaves a flag at its default.
+never silently leaves a flag at its default. The file's shape is declared as msgspec
+Structs (:class:`ProbeFlags`, ``_Sampling``, ``_SettingsFile``) and checked with
+``msgspec.convert``; its errors become one line naming the file and the key.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union
 
+import msgspec
 import yaml
+from msgspec import UNSET, UnsetType
 
 
 class SettingsError(ValueError):
     """A settings file cannot be used; the message names the file and the key."""
 
 
-@dataclass(frozen=True)
-class ProbeFlags:
+class ProbeFlags(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The ``scheduler_probe`` section. Each flag switches one family of events."""
 
     #: ``step`` events, one per ``schedule()`` call.
@@ -46,24 +50,29 @@ class ProbeFlags:
     #: ``request_added`` / ``request_finished`` events (needed for queue time and TTFT).
     log_request_events: bool = True
     #: Events held in memory before the writer thread drains them; beyond it they are
-    #: dropped and counted, so a stalled disk never grows the engine's memory.
-    queue_capacity: int = 65536
+    #: dropped and counted, so a stalled disk never grows the engine's memory. At least 1.
+    queue_capacity: Annotated[int, msgspec.Meta(ge=1)] = 65536
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The flags as ``{name: value}`` in declaration order (``engine_config.flags``)."""
+        return msgspec.structs.asdict(self)
 
 
-_SECTION_TYPES: dict[str, type | tuple[type, ...]] = {
-    "model": str,
-    "sampling": dict,
-    "scheduler_probe": dict,
-}
-_SAMPLING_TYPES: dict[str, tuple[type, ...]] = {
-    "temperature": (int, float),
-    "top_p": (int, float),
-    "max_tokens": (int,),
-    "seed": (int,),
-}
+class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``sampling`` section, read by the examples (absent keys stay UNSET)."""
+
+    temperature: Union[int, float, UnsetType] = UNSET
+    top_p: Union[int, float, UnsetType] = UNSET
+    max_tokens: Union[int, UnsetType] = UNSET
+    seed: Union[int, UnsetType] = UNSET
+
+
+class _SettingsFile(msgspec.Struct, forbid_unknown_fields=True):
+    """A settings file's top level; every section optional, none may be null."""
+
+    model: Union[str, UnsetType] = UNSET
+    sampling: Union[_Sampling, UnsetType] = UNSET
+    scheduler_probe: ProbeFlags = msgspec.field(default_factory=ProbeFlags)
 
 
 @dataclass(frozen=True)
@@ -76,22 +85,67 @@ class Settings:
     source: str | None = None
 
 
-def _type_name(t: type | tuple[type, ...]) -> str:
-    ts = t if isinstance(t, tuple) else (t,)
-    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string", dict: "an object"}
-    return " or ".join(names.get(x, x.__name__) for x in ts)
+# -- msgspec's validation errors as one line naming the key ------------------------------
+# msgspec says what and where ("Expected `bool`, got `str` - at `$.scheduler_probe.x`";
+# "Object contains unknown field `x` - at `$.scheduler_probe`"; "Expected `int` >= 1 -
+# at `$...`"; "Expected `str` - at `key` in `$...`" for a key that is not a string). The
+# path names the key; what the key takes, the known keys and the value shown come from
+# the Structs above and the data.
+
+_ERROR = re.compile(r"^(?P<what>.*?)(?: - at (?P<key>`key` in )?`\$(?P<path>[^`]*)`)?$", re.DOTALL)
+_TYPE_NAMES = {msgspec.inspect.BoolType: "true/false", msgspec.inspect.IntType: "an integer",
+               msgspec.inspect.FloatType: "a number", msgspec.inspect.StrType: "a string",
+               msgspec.inspect.StructType: "an object", msgspec.inspect.DictType: "an object"}
 
 
-def _check_type(value: Any, expected: type | tuple[type, ...], where: str) -> None:
-    exp = expected if isinstance(expected, tuple) else (expected,)
-    # bool is a subclass of int: `"max_tokens": true` must not pass as an integer.
-    if isinstance(value, bool) and bool not in exp:
-        ok = False
-    else:
-        ok = isinstance(value, exp)
-    if not ok:
-        # default=str: YAML and TOML also decode dates and times, which json cannot encode
-        raise SettingsError(f"{where}: expected {_type_name(expected)}, got {json.dumps(value, default=str)}")
+def _struct_of(t: msgspec.inspect.Type) -> msgspec.inspect.StructType | None:
+    if isinstance(t, msgspec.inspect.UnionType):
+        return next((m for m in t.types if isinstance(m, msgspec.inspect.StructType)), None)
+    return t if isinstance(t, msgspec.inspect.StructType) else None
+
+
+def _type_name(t: msgspec.inspect.Type) -> str:
+    members = t.types if isinstance(t, msgspec.inspect.UnionType) else (t,)
+    return " or ".join(_TYPE_NAMES.get(type(m), type(m).__name__) for m in members)
+
+
+def _shown(value: Any) -> str:
+    """A value as the error line shows it: its JSON text (one line)."""
+    try:  # default=str: YAML and TOML also decode dates and times, which json cannot encode
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError, RecursionError):  # e.g. a YAML mapping with list keys
+        return " ".join(repr(value).split())
+
+
+def _error_line(err: msgspec.ValidationError, data: Any, source: str) -> str:
+    """The one-line :class:`SettingsError` message for msgspec's ``err`` on ``data``."""
+    m = _ERROR.match(str(err))
+    what, path = m["what"], [k for k in (m["path"] or "").split(".") if k]
+    struct: Any = msgspec.inspect.type_info(_SettingsFile)
+    value, field_type = data, struct
+    for key in path:  # down the Structs and the data alike
+        struct = _struct_of(field_type)
+        field_type = next((f.type for f in struct.fields if f.name == key), None) if struct else None
+        value = value.get(key) if isinstance(value, dict) else None
+        if field_type is None:
+            break
+    where = ".".join(path)
+    section = _struct_of(field_type)
+    if (m["key"] or what.startswith("Object contains unknown field")) and section and isinstance(value, dict):
+        # the first key of the section that is not a string (YAML, TOML) or not a field
+        known = [f.name for f in section.fields]
+        unknown = next((k for k in value if not isinstance(k, str) or k not in known), None)
+        if unknown is not None:
+            name = f"{where}.{unknown}" if where else unknown
+            return f"{source}: unknown key {name!r} (known: {', '.join(known)})"
+    if not path and what.startswith("Expected `object`"):
+        return f"{source}: the top level must be an object, got {type(data).__name__}"
+    at_least = re.match(r"Expected `int` >= (-?\d+)$", what)
+    if at_least:
+        return f"{source}: {where} must be at least {at_least[1]}"
+    if what.startswith("Expected `") and field_type is not None:
+        return f"{source}: {where}: expected {_type_name(field_type)}, got {_shown(value)}"
+    return f"{source}: {where or 'settings'}: {' '.join(what.split())}"
 
 
 def _parse_text(text: str, path: Path) -> Any:
@@ -113,7 +167,7 @@ def _parse_text(text: str, path: Path) -> Any:
 
 
 def parse_settings(data: Any, source: str) -> Settings:
-    """Validate an already-decoded settings object.
+    """Validate an already-decoded settings object (``None``, an empty file: the defaults).
 
     Raises:
         SettingsError: wrong type, unknown key, or a value out of range; the message
@@ -121,35 +175,12 @@ def parse_settings(data: Any, source: str) -> Settings:
     """
     if data is None:
         data = {}
-    if not isinstance(data, dict):
-        raise SettingsError(f"{source}: the top level must be an object, got {type(data).__name__}")
-    for key, value in data.items():
-        if key not in _SECTION_TYPES:
-            raise SettingsError(f"{source}: unknown key {key!r} (known: {', '.join(_SECTION_TYPES)})")
-        _check_type(value, _SECTION_TYPES[key], f"{source}: {key}")
-
-    probe = data.get("scheduler_probe", {})
-    known = {f.name: f for f in fields(ProbeFlags)}
-    for key, value in probe.items():
-        if key not in known:
-            raise SettingsError(
-                f"{source}: unknown key 'scheduler_probe.{key}' (known: {', '.join(known)})"
-            )
-        expected = bool if known[key].type in ("bool", bool) else int
-        _check_type(value, expected, f"{source}: scheduler_probe.{key}")
-    if probe.get("queue_capacity", 1) < 1:
-        raise SettingsError(f"{source}: scheduler_probe.queue_capacity must be at least 1")
-
-    sampling = data.get("sampling")
-    if sampling is not None:
-        for key, value in sampling.items():
-            if key not in _SAMPLING_TYPES:
-                raise SettingsError(
-                    f"{source}: unknown key 'sampling.{key}' (known: {', '.join(_SAMPLING_TYPES)})"
-                )
-            _check_type(value, _SAMPLING_TYPES[key], f"{source}: sampling.{key}")
-
-    return Settings(flags=ProbeFlags(**probe), model=data.get("model"), sampling=sampling, source=source)
+    try:
+        parsed = msgspec.convert(data, _SettingsFile)
+    except msgspec.ValidationError as e:
+        raise SettingsError(_error_line(e, data, source)) from None
+    return Settings(flags=parsed.scheduler_probe, model=data.get("model"),
+                    sampling=data.get("sampling"), source=source)
 
 
 def load_settings(path: str | Path | None) -> Settings:

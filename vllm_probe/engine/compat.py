@@ -1,9 +1,12 @@
-"""Everything that depends on the vLLM release, in one place.
+"""Everything that differs between vLLM releases, in one place.
 
 The probe reads vLLM's V1 scheduler (``vllm/v1/core/sched/scheduler.py``). Its private
 methods and attributes change between releases; each difference the probe cares about
 is one entry of :data:`DIFFERENCES` below (what changed, in which release, how the probe
-handles it). Written for the V1 scheduler of 0.12 and later; every minor release from
+handles it), and the readers below (:func:`token_budget`, :func:`queue_lengths_reader`,
+:func:`finish_reason`, :func:`engine_settings`) are where the hooks meet those
+differences. The methods the probe wraps, with the parameters each wrapper relies on,
+are the patch table in :mod:`.patches`; :func:`signature_problem` checks them. Written for the V1 scheduler of 0.12 and later; every minor release from
 0.12 to the newest is run by the compatibility suite (``python -m tests.compat``, the
 matrix in docs/compatibility.md). Releases before 0.12 are refused (:data:`MIN_SUPPORTED`).
 """
@@ -69,41 +72,6 @@ MIN_SUPPORTED = (0, 12)
 #: MIN_SUPPORTED up to it passed; docs/compatibility.md). Newer ones get a warning.
 NEWEST_TESTED = (0, 33)
 
-SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
-SCHEDULER_CLASS = "Scheduler"
-
-
-@dataclass(frozen=True)
-class Target:
-    """A scheduler method the probe wraps.
-
-    ``params`` are the leading parameter names (after ``self``) the wrapper relies on;
-    a release whose method lacks them gets a warning and this hook is skipped.
-    ``required``: without it the probe patches nothing at all.
-    """
-
-    hook: str
-    method: str
-    params: tuple[str, ...]
-    required: bool
-    why: str
-
-
-TARGETS: tuple[Target, ...] = (
-    Target("engine_config", "__init__", ("vllm_config", "kv_cache_config"), True,
-           "attach per-scheduler state and emit engine_config"),
-    Target("step", "schedule", (), True,
-           "one step event per call, schedule() time"),
-    Target("chunk", "_update_after_schedule", ("scheduler_output",), False,
-           "prefill-chunk boundary: num_computed_tokens advances here (0.9.2+)"),
-    Target("preempt", "_preempt_request", ("request",), False,
-           "preemption path (0.12+)"),
-    Target("request_added", "add_request", ("request",), False,
-           "request arrival"),
-    Target("request_finished", "_free_request", ("request",), False,
-           "request leaves the scheduler"),
-)
-
 
 def is_tested(version: str) -> bool:
     """Whether the compatibility suite covers ``version``'s minor release."""
@@ -122,7 +90,12 @@ def parse_version(version: str) -> tuple[int, int]:
 
 
 def signature_problem(func: Any, params: tuple[str, ...]) -> str | None:
-    """Why ``func`` does not fit a wrapper expecting ``params`` after ``self``, or None."""
+    """Why ``func`` does not fit a wrapper expecting ``params`` after ``self``, or None.
+
+    ``params`` are the leading positional parameter names the wrapper relies on (an entry
+    of :data:`.patches.PATCHES`); the answer reads e.g. ``"expected parameters (request),
+    found (req, timestamp)"`` or ``"signature cannot be inspected"``. Never raises.
+    """
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError):
@@ -140,7 +113,12 @@ def signature_problem(func: Any, params: tuple[str, ...]) -> str | None:
 
 
 def token_budget(sched: Any) -> int:
-    """The per-step token budget (``max_num_scheduled_tokens``; see DIFFERENCES, 0.17)."""
+    """The per-step token budget in tokens.
+
+    ``Scheduler.max_num_scheduled_tokens`` (``vllm/v1/core/sched/scheduler.py``, from
+    0.17 it may differ from the configured budget; see DIFFERENCES), else
+    ``scheduler_config.max_num_batched_tokens``.
+    """
     budget = getattr(sched, "max_num_scheduled_tokens", None)
     if budget is None:
         budget = sched.scheduler_config.max_num_batched_tokens
@@ -148,10 +126,11 @@ def token_budget(sched: Any) -> int:
 
 
 def queue_lengths_reader(sched: Any):
-    """Return a function ``sched -> (running, waiting)`` chosen once per scheduler.
+    """Return a function ``sched -> (running, waiting)`` (request counts), chosen once
+    per scheduler so the step hook does no ``hasattr`` per step.
 
     From 0.31 requests that hold KV blocks while they wait are in ``kv_holding_waiting``;
-    they count as waiting, as in vLLM's own ``get_request_counts``.
+    they count as waiting, as in vLLM's own ``Scheduler.get_request_counts``.
     """
     if hasattr(sched, "kv_holding_waiting"):
         return lambda s: (len(s.running), len(s.waiting) + len(s.kv_holding_waiting))
@@ -159,7 +138,12 @@ def queue_lengths_reader(sched: Any):
 
 
 def finish_reason(request: Any) -> str:
-    """Finish reason of a finished request as vLLM's API reports it (``stop``, ...)."""
+    """Finish reason of a finished request as vLLM's API reports it.
+
+    ``request.get_finished_reason()`` (``vllm/v1/request.py``: ``stop``, ``length``,
+    ``abort``, ``error``); when it gives None or raises, the request status's name in
+    lower case (e.g. ``finished_aborted``). Never raises.
+    """
     try:
         reason = request.get_finished_reason()
     except Exception:
@@ -171,7 +155,17 @@ def finish_reason(request: Any) -> str:
 
 
 def engine_settings(sched: Any) -> dict[str, Any]:
-    """The effective scheduler settings of a built ``Scheduler`` (engine_config fields)."""
+    """The effective scheduler settings of a built ``Scheduler``, after vLLM applied its
+    defaults and platform overrides.
+
+    Returns ``{engine_config field: value}`` for the fields the probe takes from here
+    (token and block counts in tokens / blocks) plus ``"engine"``, the data-parallel
+    rank. Reads ``sched.vllm_config`` (``vllm/config/``: ``scheduler_config``,
+    ``cache_config``, ``parallel_config``, ``model_config``) and ``sched.kv_cache_config``;
+    ``enable_chunked_prefill`` was ``chunked_prefill_enabled`` in older releases. Raises
+    ``AttributeError`` when a release lacks a required attribute (the ``engine_config``
+    hook counts it and leaves that scheduler unprobed).
+    """
     vc = sched.vllm_config
     sc, cc = vc.scheduler_config, vc.cache_config
     pc = vc.parallel_config

@@ -1,27 +1,26 @@
-"""The hooks: what happens inside vLLM's scheduler when the probe is installed.
+"""The hooks: what the probe records inside vLLM's scheduler, and the state it keeps.
 
-:func:`install` wraps the methods listed in :data:`vllm_probe.engine.compat.TARGETS` on the
-base ``Scheduler`` class once, so subclasses that call ``super()`` (``AsyncScheduler``,
-the diffusion schedulers) are reached too. Each wrapper calls vLLM's original outside
-any ``try`` of ours and returns its result untouched; the probe's own work sits in a
-``try`` whose failures are counted per hook (:class:`HookHealth`), and a hook that
-fails :data:`MAX_HOOK_ERRORS` times switches its events off with one warning; the
-bookkeeping the other hooks rely on (step index, preempted requests awaiting their
-re-prefill) goes on.
+:class:`SchedulerProbe` is attached to each ``Scheduler`` instance (one per engine core)
+and builds the events: ``engine_config`` when the scheduler is built, ``step`` per
+``schedule()`` call, ``chunk`` per prefill chunk, ``preempt`` per preempted request,
+``request_added`` / ``request_finished`` per request. :class:`HookHealth` counts the
+exceptions caught in each hook and switches a hook off after :data:`MAX_HOOK_ERRORS`;
+:class:`Runtime` is the process-wide state (flags, health, the lazily created sink).
+Which scheduler methods call into these, and how they are wrapped, is the patch table
+in :mod:`.patches`.
 
 Hot-path budget (see docs/performance.md): per step the probe reads a few counters and
-appends one tuple to the sink's queue; per-request work happens only for requests that
+appends one event to the sink's queue; per-request work happens only for requests that
 are prefilling, admitted, preempted or finished.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from time import perf_counter
 from typing import Any, Callable
 
 from .. import __version__, envvars
@@ -35,22 +34,31 @@ logger = logging.getLogger("vllm_probe")
 
 #: Exceptions a hook may raise before it switches itself off.
 MAX_HOOK_ERRORS = 3
-#: Attribute holding a scheduler's :class:`SchedulerProbe`.
+#: Attribute holding a scheduler's :class:`SchedulerProbe` (in the instance's ``__dict__``).
 PROBE_ATTR = "_vllm_probe"
 #: Attribute set on our wrappers, pointing at vLLM's original (guards double wrapping).
 WRAPPED_ATTR = "__vllm_probe_original__"
 
-HOOKS = ("engine_config", "step", "chunk", "preempt", "request_added", "request_finished")
-
 
 class HookHealth:
-    """Per-process count of exceptions caught in each hook, and which are switched off."""
+    """Per-process count of exceptions caught in each hook, and which are switched off.
+
+    ``errors`` maps hook name -> exceptions caught (``probe_stats.hook_errors``);
+    ``disabled`` holds the hooks switched off (``probe_stats.hooks_disabled``).
+    """
 
     def __init__(self) -> None:
-        self.errors: dict[str, int] = {h: 0 for h in HOOKS}
+        self.errors: dict[str, int] = {}
         self.disabled: set[str] = set()
 
+    def track(self, hooks: Iterable[str]) -> None:
+        """Count ``hooks`` from zero (the patch table's hooks, at install); their order
+        is the order of ``probe_stats.hook_errors``. Counts already there are kept."""
+        for hook in hooks:
+            self.errors.setdefault(hook, 0)
+
     def failed(self, hook: str, exc: BaseException, limit: int = MAX_HOOK_ERRORS) -> None:
+        """Count one exception of ``hook``; at ``limit`` switch the hook off with one warning."""
         self.errors[hook] = self.errors.get(hook, 0) + 1
         if self.errors[hook] == 1:
             logger.debug("vllm-probe: error in hook %r", hook, exc_info=exc)
@@ -62,6 +70,7 @@ class HookHealth:
             )
 
     def snapshot(self) -> tuple[dict[str, int], list[str]]:
+        """``(hook_errors, hooks_disabled)`` for a ``probe_stats`` line (copies)."""
         return dict(self.errors), sorted(self.disabled)
 
 
@@ -87,12 +96,23 @@ class Runtime:
 
     @property
     def sink(self):
+        """The sink, built by ``sink_factory`` on first use."""
         if self._sink is None:
             self._sink = self._sink_factory(self)
         return self._sink
 
     def enabled(self, hook: str) -> bool:
+        """Whether ``hook`` is still on (not switched off after errors)."""
         return hook not in self.health.disabled
+
+    def close(self) -> None:
+        """Close the sink if one was made (it writes its final ``probe_stats`` line).
+
+        Idempotent. In vLLM's processes the sink closes itself at exit; tests and
+        benchmarks that install the probe in their own process call this when done.
+        """
+        if self._sink is not None:
+            self._sink.close()
 
 
 def file_sink_factory(run_dir: Path) -> Callable[[Runtime], EventSink]:
@@ -129,6 +149,13 @@ class SchedulerProbe:
     requests whose prefill pass has started but not reached ``prefill_len``;
     ``resume_pending`` the preempted requests not yet readmitted. Both stay small
     (bounded by the running and waiting queues), which keeps decode-only steps O(1).
+
+    Every event is built by field name with its kind's ``pack``
+    (:class:`~vllm_probe.schema.events.EventKind`) and queued with ``rt.sink.emit(kind,
+    ts, engine, event)``; ``ts`` is ``time.time()`` (s), ``engine`` the data-parallel rank.
+    Building the probe writes ``engine_config``; it raises whatever reading the
+    scheduler's settings raises (the ``__init__`` wrapper counts it and leaves that
+    scheduler unprobed).
     """
 
     def __init__(self, rt: Runtime, sched: Any) -> None:
@@ -150,15 +177,16 @@ class SchedulerProbe:
         self.chunks_seen = False
         self.prefilling: dict[str, _Pass] = {}
         self.resume_pending: set[str] = set()
-        self.emit(ENGINE_CONFIG, time.time(), self.engine, (
-            rt.vllm_version, __version__, type(sched).__name__, list(rt.patched),
-            *(settings[f.name] for f in ENGINE_CONFIG.fields[4:-1]),
-            self.flags.to_dict(),
+        self.emit(ENGINE_CONFIG, time.time(), self.engine, ENGINE_CONFIG.pack(
+            vllm_version=rt.vllm_version, probe_version=__version__,
+            scheduler_class=type(sched).__name__, patched=list(rt.patched),
+            flags=self.flags.to_dict(), **settings,
         ))
 
     # -- step -------------------------------------------------------------------------
 
     def begin_step(self) -> None:
+        """Before ``schedule()``: the next step index; per-step counts back to zero."""
         self.step += 1
         self.in_schedule = True
         self.step_preempted = []
@@ -166,6 +194,8 @@ class SchedulerProbe:
         self.chunks_seen = False
 
     def end_step(self, sched: Any, out: Any, seconds: float) -> None:
+        """After ``schedule()`` returned ``out`` (a ``SchedulerOutput``) in ``seconds``:
+        the ``step`` event (queue lengths and KV use as the step leaves them)."""
         self.in_schedule = False
         if not self.flags.log_schedule_each_step:
             return
@@ -179,22 +209,26 @@ class SchedulerProbe:
         running, waiting = self.queue_lengths(sched)
         kvm = sched.kv_cache_manager
         finished = out.finished_req_ids
-        self.emit(STEP, time.time(), self.engine, (
-            self.step, n_tokens, self.budget, pre_r, pre_t, dec_r, dec_t,
-            self.step_new_reqs, running, waiting, kvm.usage,
-            kvm.block_pool.get_num_free_blocks(), seconds * 1e6,
-            self.step_preempted, list(finished) if finished else [],
+        self.emit(STEP, time.time(), self.engine, STEP.pack(
+            step=self.step, scheduled_tokens=n_tokens, token_budget=self.budget,
+            prefill_reqs=pre_r, prefill_tokens=pre_t, decode_reqs=dec_r, decode_tokens=dec_t,
+            new_reqs=self.step_new_reqs, running=running, waiting=waiting, kv_usage=kvm.usage,
+            free_blocks=kvm.block_pool.get_num_free_blocks(), schedule_us=seconds * 1e6,
+            preempted=self.step_preempted, finished=list(finished) if finished else [],
         ))
 
     # -- prefill chunks (called before num_computed_tokens advances) -------------------
 
     def on_chunks(self, sched: Any, out: Any) -> None:
+        """Before vLLM's ``_update_after_schedule(out)`` advances ``num_computed_tokens``:
+        one ``chunk`` event per scheduled prefill slice, and the step's prefill counts."""
         if not (self.prefilling or self.resume_pending or out.scheduled_new_reqs):
             self.chunks_seen = True  # decode-only step: begin_step's zero counts stand
             return
         nst = out.num_scheduled_tokens
         requests = sched.requests
         emit = self.emit if self.flags.log_chunk_boundaries else None
+        pack = CHUNK.pack
         step, engine = self.step, self.engine
         pre_r = pre_t = 0
         ts = time.time()
@@ -212,8 +246,10 @@ class SchedulerProbe:
                 end = start + n
                 last = end >= p.prefill_len
                 if emit:
-                    emit(CHUNK, ts, engine, (step, rid, p.index, start, end, req.num_prompt_tokens,
-                                             p.prefill_len, last, p.resumed, None))
+                    emit(CHUNK, ts, engine, pack(
+                        step=step, req_id=rid, chunk_index=p.index, start=start, end=end,
+                        prompt_len=req.num_prompt_tokens, prefill_len=p.prefill_len, last=last,
+                        resumed=p.resumed))
                 p.index += 1
                 pre_r += 1
                 pre_t += n
@@ -237,8 +273,10 @@ class SchedulerProbe:
             prefill_len = req.num_tokens
             last = end >= prefill_len
             if emit:
-                emit(CHUNK, ts, engine, (step, rid, 0, start, end, req.num_prompt_tokens,
-                                         prefill_len, last, resumed, start))
+                emit(CHUNK, ts, engine, pack(
+                    step=step, req_id=rid, chunk_index=0, start=start, end=end,
+                    prompt_len=req.num_prompt_tokens, prefill_len=prefill_len, last=last,
+                    resumed=resumed, prefix_hit_tokens=start))
             if not last:
                 prefilling[rid] = _Pass(prefill_len, 1, resumed)
             pre_r += 1
@@ -261,234 +299,45 @@ class SchedulerProbe:
         return request.num_computed_tokens, sched.kv_cache_manager.usage
 
     def after_preempt(self, sched: Any, request: Any, snap: tuple[int, float]) -> None:
+        """After vLLM preempted ``request``: the ``preempt`` event; ``snap`` is
+        ``(computed tokens, KV use)`` from :meth:`before_preempt`."""
         rid = request.request_id
         if not self.flags.log_preempt_events:
             return
         discarded, usage = snap
         running, waiting = self.queue_lengths(sched)
-        self.emit(PREEMPT, time.time(), self.engine, (
-            self.step, rid, discarded, request.num_prompt_tokens, request.num_output_tokens,
-            getattr(request, "num_preemptions", None), usage, running, waiting,
-            "kv_cache" if self.in_schedule else "reset",
+        self.emit(PREEMPT, time.time(), self.engine, PREEMPT.pack(
+            step=self.step, req_id=rid, discarded_tokens=discarded,
+            prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
+            num_preemptions=getattr(request, "num_preemptions", None), kv_usage=usage,
+            running=running, waiting=waiting, reason="kv_cache" if self.in_schedule else "reset",
         ))
 
     # -- request lifecycle --------------------------------------------------------------
 
     def on_added(self, request: Any) -> None:
+        """After vLLM's ``add_request`` took a new ``request``: ``request_added`` (lengths
+        and sampling settings only, never prompt text or token ids)."""
         sp = request.sampling_params
-        self.emit(REQUEST_ADDED, time.time(), self.engine, (
-            request.request_id, request.num_prompt_tokens,
-            getattr(sp, "max_tokens", None), getattr(sp, "temperature", None),
-            getattr(sp, "top_p", None), getattr(request, "priority", 0), request.arrival_time,
+        self.emit(REQUEST_ADDED, time.time(), self.engine, REQUEST_ADDED.pack(
+            req_id=request.request_id, prompt_len=request.num_prompt_tokens,
+            max_tokens=getattr(sp, "max_tokens", None), temperature=getattr(sp, "temperature", None),
+            top_p=getattr(sp, "top_p", None), priority=getattr(request, "priority", 0),
+            arrival_ts=request.arrival_time,
         ))
 
     def on_finished(self, request: Any) -> None:
+        """Before vLLM's ``_free_request(request)``: ``request_finished``; the request
+        leaves the probe's prefill bookkeeping."""
         rid = request.request_id
         self.prefilling.pop(rid, None)
         self.resume_pending.discard(rid)
         if self.flags.log_request_events:
-            self.emit(REQUEST_FINISHED, time.time(), self.engine, (
-                max(self.step, 0), rid, compat.finish_reason(request), request.num_prompt_tokens,
-                request.num_output_tokens, getattr(request, "num_preemptions", None),
+            self.emit(REQUEST_FINISHED, time.time(), self.engine, REQUEST_FINISHED.pack(
+                step=max(self.step, 0), req_id=rid, reason=compat.finish_reason(request),
+                prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
+                num_preemptions=getattr(request, "num_preemptions", None),
             ))
-
-
-# -- wrappers ---------------------------------------------------------------------------
-# Each factory takes vLLM's original method and returns the wrapper installed in its
-# place. `self.__dict__.get(PROBE_ATTR)` is None for schedulers built before install()
-# or whose engine_config hook failed: those run untouched.
-
-
-def _wrap_init(rt: Runtime, original: Callable) -> Callable:
-    @functools.wraps(original)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        if rt.enabled("engine_config"):
-            try:
-                self.__dict__[PROBE_ATTR] = SchedulerProbe(rt, self)
-                announce, rt.on_first_scheduler = rt.on_first_scheduler, None
-                if announce is not None:
-                    announce()
-            except Exception as e:  # no probe on this scheduler: say so at once
-                rt.health.failed("engine_config", e, limit=1)
-    return __init__
-
-
-def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is None:
-            return original(self, *args, **kwargs)
-        try:  # the step index and in_schedule: chunk, preempt and finish events use them
-            probe.begin_step()  # too, so this runs even when step events are switched off
-        except Exception as e:
-            health.failed("step", e)
-        t0 = perf_counter()
-        out = original(self, *args, **kwargs)
-        seconds = perf_counter() - t0
-        if "step" in health.disabled:
-            probe.in_schedule = False
-            return out
-        try:
-            probe.end_step(self, out, seconds)
-        except Exception as e:
-            health.failed("step", e)
-        return out
-    return schedule
-
-
-def _wrap_update_after_schedule(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def _update_after_schedule(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is not None and "chunk" not in health.disabled:
-            try:
-                probe.on_chunks(self, scheduler_output)
-            except Exception as e:
-                probe.chunks_seen = False
-                health.failed("chunk", e)
-        return original(self, scheduler_output, *args, **kwargs)
-    return _update_after_schedule
-
-
-def _wrap_preempt(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        snap = None
-        if probe is not None:  # bookkeeping for chunk and step events: even when switched off
-            try:
-                snap = probe.before_preempt(self, request)
-            except Exception as e:
-                health.failed("preempt", e)
-        result = original(self, request, *args, **kwargs)
-        if snap is not None and "preempt" not in health.disabled:
-            try:
-                probe.after_preempt(self, request, snap)
-            except Exception as e:
-                health.failed("preempt", e)
-        return result
-    return _preempt_request
-
-
-def _wrap_add_request(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        is_new = False
-        if probe is not None and "request_added" not in health.disabled:
-            try:  # streaming-input sessions re-add an existing id: not a new request
-                is_new = request.request_id not in self.requests
-            except Exception as e:
-                health.failed("request_added", e)
-        result = original(self, request, *args, **kwargs)
-        if is_new:
-            try:
-                probe.on_added(request)
-            except Exception as e:
-                health.failed("request_added", e)
-        return result
-    return add_request
-
-
-def _wrap_free_request(rt: Runtime, original: Callable) -> Callable:
-    health = rt.health
-
-    @functools.wraps(original)
-    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        probe = self.__dict__.get(PROBE_ATTR)
-        if probe is not None and "request_finished" not in health.disabled:
-            try:
-                probe.on_finished(request)
-            except Exception as e:
-                health.failed("request_finished", e)
-        return original(self, request, *args, **kwargs)
-    return _free_request
-
-
-_WRAPPER_FACTORIES: dict[str, Callable[[Runtime, Callable], Callable]] = {
-    "engine_config": _wrap_init,
-    "step": _wrap_schedule,
-    "chunk": _wrap_update_after_schedule,
-    "preempt": _wrap_preempt,
-    "request_added": _wrap_add_request,
-    "request_finished": _wrap_free_request,
-}
-
-
-def _wanted_hooks(flags: ProbeFlags) -> set[str]:
-    """Hooks needed for the flags. Chunk and preempt tracking also feed step events."""
-    wanted = {"engine_config", "step"}
-    if flags.log_chunk_boundaries or flags.log_schedule_each_step:
-        wanted |= {"chunk", "preempt"}
-    if flags.log_preempt_events:
-        wanted.add("preempt")
-    if flags.log_request_events:
-        wanted |= {"request_added", "request_finished"}
-    return wanted
-
-
-_installed: dict[type, list[tuple[str, Callable]]] = {}
-_runtime_ref: list[Runtime] = []
-
-
-def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
-    """Wrap the hook targets on ``scheduler_cls``; return the ``Class.method`` names patched.
-
-    Idempotent: a class already patched (by this or another copy of the plugin) is left
-    as it is and the names patched earlier are returned. A target that is missing, or
-    whose signature does not match :data:`compat.TARGETS`, is skipped with one warning;
-    if a *required* target is unusable nothing is patched and ``[]`` is returned.
-    Never raises for a bad layout.
-    """
-    if scheduler_cls in _installed or getattr(scheduler_cls.schedule, WRAPPED_ATTR, None):
-        return [f"{scheduler_cls.__name__}.{m}" for m, _ in _installed.get(scheduler_cls, [])]
-    wanted = _wanted_hooks(rt.flags)
-    plan: list[tuple[compat.Target, Callable]] = []
-    for target in compat.TARGETS:
-        if target.hook not in wanted:
-            continue
-        original = scheduler_cls.__dict__.get(target.method)
-        problem = "missing" if original is None else compat.signature_problem(original, target.params)
-        if problem:
-            if target.required:
-                logger.warning(
-                    "vllm-probe: %s.%s %s in vLLM %s; the probe patches nothing",
-                    scheduler_cls.__name__, target.method, problem, vllm_version,
-                )
-                return []
-            logger.warning(
-                "vllm-probe: %s.%s %s in vLLM %s; %s events are unavailable, other hooks still work",
-                scheduler_cls.__name__, target.method, problem, vllm_version, target.hook,
-            )
-            continue
-        plan.append((target, original))
-    rt.vllm_version = vllm_version
-    done = []
-    for target, original in plan:
-        wrapper = _WRAPPER_FACTORIES[target.hook](rt, original)
-        setattr(wrapper, WRAPPED_ATTR, original)
-        setattr(scheduler_cls, target.method, wrapper)
-        done.append((target.method, original))
-    _installed[scheduler_cls] = done
-    rt.patched = [f"{scheduler_cls.__name__}.{m}" for m, _ in done]
-    _runtime_ref[:] = [rt]
-    return list(rt.patched)
-
-
-def uninstall(scheduler_cls: type) -> None:
-    """Restore vLLM's originals on ``scheduler_cls`` (tests and benchmarks use this)."""
-    for method, original in _installed.pop(scheduler_cls, []):
-        setattr(scheduler_cls, method, original)
 
 
 def attached_probe(sched: Any) -> SchedulerProbe | None:

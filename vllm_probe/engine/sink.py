@@ -1,7 +1,8 @@
 """Where events go: a bounded in-memory queue drained by a writer thread into JSON lines.
 
-The scheduler's thread only appends a tuple to a deque (:meth:`EventSink.emit`, well
-under a microsecond); building the JSON object, encoding it (structlog's
+The scheduler's thread only appends the event its hook packed (by field name, see
+:attr:`vllm_probe.schema.events.EventKind.pack`) to a deque (:meth:`EventSink.emit`,
+well under a microsecond); building the JSON object, encoding it (structlog's
 ``JSONRenderer``) and writing happen on the writer thread, which wakes every
 :data:`FLUSH_INTERVAL_S`. Each wake-up writes whole lines with one ``write()`` on an
 unbuffered file, so a SIGKILL leaves only complete lines and loses at most the events of
@@ -24,17 +25,19 @@ from __future__ import annotations
 
 import atexit
 import json
-import json.encoder
 import logging
 import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from multiprocessing import util as mp_util
 from pathlib import Path
 from typing import Any, Callable
 
+import msgspec
 import structlog
+from msgspec.structs import astuple
 
 from ..schema.events import PROBE_STATS, SCHEMA_VERSION, EventKind
 
@@ -52,19 +55,21 @@ STOPPING_FLUSH_INTERVAL_S = 0.01
 #: stuck inside write() (a hung disk): beyond it they give up instead of holding vLLM.
 STALL_WAIT_S = 1.0
 
-#: Queue item: (kind, wall-clock ts in s, data-parallel rank, values in kind.fields order).
-QueuedEvent = tuple[EventKind, float, int, tuple[Any, ...]]
+#: Queue item: (kind, wall-clock ts in s, data-parallel rank, the event's fields): what
+#: ``kind.pack(...)`` returned, or a tuple of values in ``kind.fields`` order.
+QueuedEvent = tuple[EventKind, float, int, Any]
 
 
 class _LineBuffer:
-    """structlog "logger" that collects rendered text for one batched write, and the
-    events of the batch that could not be encoded (``(kind name, exception)``)."""
+    """structlog "logger" that collects the rendered lines (ASCII bytes) for one batched
+    write, and the events of the batch that could not be encoded (``(kind name,
+    exception)``)."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.lines: list[bytes] = []
         self.failed: list[tuple[str, Exception]] = []
 
-    def msg(self, text: str, failed: list[tuple[str, Exception]] | None = None) -> None:
+    def msg(self, text: bytes, failed: list[tuple[str, Exception]] | None = None) -> None:
         if text:
             self.lines.append(text)
         if failed:
@@ -73,10 +78,12 @@ class _LineBuffer:
 
 # -- rendering: one structlog call per batch ----------------------------------------------
 # The writer thread hands a whole batch to structlog once; the processor chain turns the
-# queued tuples into ordered dicts and renders each with structlog's JSONRenderer. Per
-# event that leaves one dict and one JSON encoding: ~7 µs per step event on the 2-core
-# test machine, against ~23 µs for one structlog call per event (docs/performance.md).
-# It matters because rendering holds the GIL that vLLM's scheduler thread needs.
+# queued events into ordered dicts and renders each with structlog's JSONRenderer, whose
+# serializer is msgspec where msgspec writes json.dumps's exact text (_dumps). Per event
+# that leaves one dict and one JSON encoding: ~5.5 µs per event of a real run on the
+# 2-core test machine (7 µs with json.dumps's C encoder; ~23 µs for one structlog call
+# per event, docs/performance.md). It matters because rendering holds the GIL that
+# vLLM's scheduler thread needs.
 
 #: id(kind) -> (kind, name, field names, indexes of optional fields). Keyed by id: hashing
 #: the frozen EventKind dataclass costs more than rendering the event.
@@ -99,6 +106,8 @@ def _event_dicts(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[s
     dicts = []
     for kind, ts, engine, values in event_dict["batch"]:
         _, name, names, optional = _layout(kind)
+        if type(values) is not tuple:  # kind.pack(...): its values in field order
+            values = astuple(values)
         d = {"event": name, "ts": ts, "pid": pid, "engine": engine, "schema": SCHEMA_VERSION}
         d.update(zip(names, values))
         for i in optional:
@@ -108,44 +117,64 @@ def _event_dicts(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[s
     return {"events": dicts}
 
 
-class _Dumps:
-    """``json.dumps(obj, default=...)`` with the encoder built once per ``default``.
+_SAME_SCALARS = frozenset((str, int, bool, type(None)))
+_STR = frozenset((str,))
 
-    ``json.dumps`` builds a ``JSONEncoder`` and CPython's C encoder on every call, about
-    a quarter of the cost of encoding one event. Here the C encoder is built once, with
-    the arguments ``JSONEncoder.iterencode`` gives it, and checked against ``json.dumps``
-    on a sample; where that fails (another Python) the public encoder is used. Same output.
+
+def _msgspec_agrees(values: Iterable[Any]) -> bool:
+    """Whether msgspec writes each of ``values`` as ``json.dumps`` does, strings aside.
+
+    True for ints (any size), bools, None, strings (the caller checks their characters
+    on the output), floats that are zero or 1e-4 <= |x| < 1e16 — Python's ``repr``
+    switches to an exponent outside that range and msgspec formats those differently
+    (``0.00001`` for ``1e-05``, ``1e16`` for ``1e+16``, ``null`` for NaN and
+    infinities) — and lists, tuples and str-keyed dicts of such values. False for
+    anything else: an Enum, a set, a datetime or bytes are written natively by msgspec
+    but handed to ``default`` by ``json.dumps``.
     """
+    for v in values:
+        t = type(v)
+        if t in _SAME_SCALARS:
+            continue
+        if t is float:
+            if 1e-4 <= abs(v) < 1e16 or v == 0.0:
+                continue
+            return False
+        if t is list or t is tuple:
+            if v and not _msgspec_agrees(v):
+                return False
+        elif t is dict:
+            if not (set(map(type, v)) <= _STR and _msgspec_agrees(v.values())):
+                return False
+        else:
+            return False
+    return True
 
-    _SAMPLE = {"event": "x", "ts": 1.5, "n": None, "b": True, "s": "\u00e9\n\"", "l": [1, 0.1, {}]}
 
-    def __init__(self) -> None:
-        self._encoders: dict[Any, Callable[[Any], str]] = {}
+_encode = msgspec.json.Encoder().encode
 
-    def _make(self, default: Callable[[Any], Any] | None) -> Callable[[Any], str]:
-        public = json.JSONEncoder(default=default)
-        make_c = getattr(json.encoder, "c_make_encoder", None)
-        if make_c is not None:
-            try:  # markers=None: no state kept between calls (a circular value raises anyway)
-                c_encoder = make_c(None, public.default, json.encoder.encode_basestring_ascii,
-                                   None, ": ", ", ", False, False, True)
 
-                def encode(obj: Any) -> str:
-                    return "".join(c_encoder(obj, 0))
+def _dumps(obj: Any, default: Callable[[Any], Any] | None = None, **kw: Any) -> bytes:
+    """structlog's serializer: the text of ``json.dumps(obj, default=default, **kw)``, as
+    ASCII bytes.
 
-                if encode(self._SAMPLE) == json.dumps(self._SAMPLE, default=default):
-                    return encode
-            except Exception:
-                pass
-        return public.encode
-
-    def __call__(self, obj: Any, default: Callable[[Any], Any] | None = None, **kw: Any) -> str:
-        if kw:
-            return json.dumps(obj, default=default, **kw)
-        enc = self._encoders.get(default)
-        if enc is None:
-            enc = self._encoders[default] = self._make(default)
-        return enc(obj)
+    msgspec encodes, and ``msgspec.json.format(..., indent=0)`` spaces the result as
+    ``json.dumps`` does (``", "`` and ``": "``), when that gives the same text: every
+    value passes :func:`_msgspec_agrees` and the output is ASCII without DEL
+    (``json.dumps`` escapes those as ``\\uXXXX``; msgspec escapes control characters,
+    quotes and backslashes alike). Otherwise — a non-ASCII request id, NaN, a float
+    outside [1e-4, 1e16), an object for ``default`` — or if msgspec raises, ``json.dumps``
+    itself writes it. Raises what ``json.dumps`` raises (e.g. ``TypeError`` for a dict
+    with tuple keys).
+    """
+    if not kw and _msgspec_agrees((obj,)):
+        try:
+            out = msgspec.json.format(_encode(obj), indent=0)
+        except Exception:  # e.g. a lone surrogate: json.dumps escapes it, msgspec raises
+            out = None
+        if out is not None and out.isascii() and b"\x7f" not in out:
+            return out
+    return json.dumps(obj, default=default, **kw).encode()
 
 
 class _JSONLines:
@@ -156,12 +185,12 @@ class _JSONLines:
     """
 
     def __init__(self) -> None:
-        self._render = structlog.processors.JSONRenderer(serializer=_Dumps())
+        self._render = structlog.processors.JSONRenderer(serializer=_dumps)
 
     def __call__(self, logger: Any, name: str, event_dict: dict[str, Any]) -> Any:
         render = self._render
         try:
-            return "\n".join([render(logger, name, d) for d in event_dict["events"]])
+            return b"\n".join([render(logger, name, d) for d in event_dict["events"]])
         except Exception:
             pass
         lines, failed = [], []
@@ -170,7 +199,7 @@ class _JSONLines:
                 lines.append(render(logger, name, d))
             except Exception as e:
                 failed.append((d.get("event", "?"), e))
-        return ("\n".join(lines),), {"failed": failed}
+        return (b"\n".join(lines),), {"failed": failed}
 
 
 class EventSink:
@@ -236,8 +265,16 @@ class EventSink:
 
     # -- scheduler thread -------------------------------------------------------------
 
-    def emit(self, kind: EventKind, ts: float, engine: int, values: tuple[Any, ...]) -> None:
-        """Queue one event; never blocks, never raises. Drops (counted) when full."""
+    def emit(self, kind: EventKind, ts: float, engine: int, values: Any) -> None:
+        """Queue one event; never blocks, never raises. Drops (counted) when full.
+
+        Args:
+            kind: the event's kind (``vllm_probe.schema.events.STEP``, ...).
+            ts: when it happened, ``time.time()`` (s since the epoch).
+            engine: the data-parallel rank of the engine core.
+            values: the fields, built by name with ``kind.pack(...)``; a tuple of values
+                in ``kind.fields`` order is also taken (a recorded line replayed).
+        """
         q = self._queue
         if len(q) < self._capacity:
             q.append((kind, ts, engine, values))
@@ -294,8 +331,8 @@ class EventSink:
             logger.warning("vllm-probe: cannot encode a %s event (%s: %s); such events are "
                            "dropped and counted", kind, type(exc).__name__, exc)
 
-    def _write_lines(self, lines: list[str], counted: int) -> None:
-        data = ("\n".join(lines) + "\n").encode()
+    def _write_lines(self, lines: list[bytes], counted: int) -> None:
+        data = b"\n".join(lines) + b"\n"
         try:
             if os.fstat(self._file.fileno()).st_nlink == 0:
                 raise OSError(f"{self.path} was deleted")
@@ -333,13 +370,16 @@ class EventSink:
 
     @property
     def dropped(self) -> int:
+        """Events lost so far: queue full, write failed, or not encodable."""
         return self.dropped_full + self.dropped_io + self.dropped_encode
 
-    def _stats_lines(self, written: int) -> list[str]:
+    def _stats_lines(self, written: int) -> list[bytes]:
         """The rendered ``probe_stats`` line for ``written`` events (with the lock held)."""
         errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
         self._stats_at = (written, self.dropped)
-        self._render([(PROBE_STATS, time.time(), self.engine, (written, self.dropped, errors, disabled))])
+        self._render([(PROBE_STATS, time.time(), self.engine, PROBE_STATS.pack(
+            events_written=written, events_dropped=self.dropped, hook_errors=errors,
+            hooks_disabled=disabled))])
         lines, self._buffer.lines = self._buffer.lines, []
         self._buffer.failed = []
         return lines

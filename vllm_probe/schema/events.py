@@ -1,18 +1,23 @@
 """The event schema: every kind of line vllm-probe writes, its fields and their units.
 
-This module is the single definition of the JSON-lines interface. The probe's hot path
-enqueues ``(kind, ts, values)`` tuples whose ``values`` follow ``kind.fields`` in order;
-the writer thread zips them into objects. ``docs/events.md`` is generated from here
-(``python -m vllm_probe.schema.events > docs/events.md``) and a test keeps the two in sync.
+This module is the single definition of the JSON-lines interface. The probe's hooks
+build each event by field name with :attr:`EventKind.pack` (``STEP.pack(step=3, ...)``),
+a msgspec Struct generated from the kind's fields, and queue it; the writer thread turns
+it into an object with the fields in schema order. ``docs/events.md`` is generated from
+here (``python -m vllm_probe.schema.events > docs/events.md``) and a test keeps the two
+in sync.
 
 Bump :data:`SCHEMA_VERSION` whenever the meaning of an existing field changes or a field
 is removed; adding a new optional field or a new kind does not bump it (readers skip
-kinds and fields they do not know).
+kinds and fields they do not know, and an emit site that does not pass a new optional
+field leaves it out of the line).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import msgspec
 
 SCHEMA_VERSION = 1
 
@@ -30,16 +35,46 @@ class Field:
 
 @dataclass(frozen=True)
 class EventKind:
-    """One kind of event line (the value of its ``event`` key)."""
+    """One kind of event line (the value of its ``event`` key).
+
+    ``pack`` builds one event of this kind by field name, as the sink queues it:
+    ``STEP.pack(step=3, scheduled_tokens=256, ...)``. It is a msgspec Struct class
+    generated from ``fields`` (same names, same order, values untyped: no checks on the
+    hot path). Every field not marked optional is a required keyword argument, so an
+    emit site that leaves one out raises ``TypeError: Missing required argument 'x'``;
+    an optional field defaults to None, which the sink leaves out of the line; a name
+    that is not a field raises ``TypeError: Unexpected keyword argument 'x'``.
+    ``msgspec.structs.astuple(event)`` gives the values in ``fields`` order.
+    """
 
     name: str
     flag: str | None
     doc: str
     fields: tuple[Field, ...]
+    pack: type = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pack", _fields_struct(self.name, self.fields))
 
     @property
     def field_names(self) -> tuple[str, ...]:
+        """The kind's field names in schema order (the common fields excluded)."""
         return tuple(f.name for f in self.fields)
+
+
+def _fields_struct(kind_name: str, fields: tuple[Field, ...]) -> type:
+    """The Struct behind :attr:`EventKind.pack`, e.g. ``StepFields`` for ``step``.
+
+    Keyword-only, so values go in by name only; optional fields default to None.
+    Chosen by measurement (Python 3.11, msgspec 0.23, the 2-core test machine; CPU µs
+    to build and queue a 15-field ``step`` event, and MiB held by 65,536 of them in the
+    sink's queue): a positional tuple (before) 0.35 µs, 26.7 MiB; this Struct 0.40 µs,
+    26.5 MiB; a keyword function generated with ``exec`` returning the tuple 0.44 µs,
+    26.7 MiB; a dict literal 0.82 µs, 46.0 MiB.
+    """
+    name = "".join(part.title() for part in kind_name.split("_")) + "Fields"
+    spec = [(f.name, object, None) if f.optional else (f.name, object) for f in fields]
+    return msgspec.defstruct(name, spec, kw_only=True, module=__name__)
 
 
 #: Fields present on every line, written by the sink (not by the hooks).

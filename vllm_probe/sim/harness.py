@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from .tiny_model import DEFAULT_DIR, write_tiny_model
 
 
@@ -250,14 +252,18 @@ def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:
 class MemorySink:
     """A sink that keeps events as ``(kind_name, fields_dict)`` in memory (tests, compat).
 
-    Same ``emit`` signature as :class:`vllm_probe.engine.sink.EventSink`; the dicts hold every
+    Same ``emit`` signature as :class:`vllm_probe.engine.sink.EventSink` (``values``: what
+    ``kind.pack(...)`` returned, or a tuple in ``kind.fields`` order); the dicts hold every
     field of the kind, optional ones as None when absent.
     """
 
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def emit(self, kind: Any, ts: float, engine: int, values: tuple) -> None:
+    def emit(self, kind: Any, ts: float, engine: int, values: Any) -> None:
+        """Keep one event as ``(kind.name, {field: value})``."""
+        if type(values) is not tuple:
+            values = msgspec.structs.astuple(values)
         self.events.append((kind.name, dict(zip(kind.field_names, values))))
 
     def of(self, name: str) -> list[dict[str, Any]]:

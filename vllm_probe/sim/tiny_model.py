@@ -14,8 +14,10 @@ import json
 import os
 from pathlib import Path
 
-#: Where examples and tests put the model unless told otherwise.
-DEFAULT_DIR = Path(os.environ.get("VLLMPROBE_TINY_MODEL", Path.home() / ".cache" / "vllm-probe" / "tiny-llama"))
+from .. import envvars
+
+#: Where examples and tests put the model unless told otherwise (``VLLMPROBE_TINY_MODEL``).
+DEFAULT_DIR = Path(os.environ.get(envvars.TINY_MODEL, Path.home() / ".cache" / "vllm-probe" / "tiny-llama"))
 
 VOCAB_SIZE = 512
 MAX_POSITIONS = 16384

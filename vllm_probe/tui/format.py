@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .. import envvars
+
 #: What an unknown figure reads as.
 UNKNOWN = "-"
 
@@ -91,6 +93,6 @@ def report_console():
     from rich.console import Console
 
     console = Console()
-    if not console.is_terminal and not os.environ.get("COLUMNS"):
+    if not console.is_terminal and not os.environ.get(envvars.COLUMNS):
         console = Console(width=PIPE_WIDTH)
     return console
