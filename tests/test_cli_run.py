@@ -74,3 +74,16 @@ def test_the_default_run_is_the_newest_started_nested_ones_included(tmp_path):
     assert latest_run(tmp_path) == tmp_path / "compare-budgets-20261130-020000" / "budget-6144"
     run(tmp_path / "20261130-030000-b", 3000.0)
     assert latest_run(tmp_path) == tmp_path / "20261130-030000-b"
+
+
+def test_the_seed_config_toml_is_accepted_and_its_scheduler_section_recorded(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("run", "--out", str(out), "--settings", "configs/config.toml", "--", "true")
+    assert proc.returncode == 0, proc.stderr
+    assert "configs/config.toml: section server left alone (not the probe's)" in proc.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["expected"] == {
+        "source": "configs/config.toml", "model": None, "sampling": None,
+        "engine": {"max_num_batched_tokens": 8192, "max_num_seqs": 64, "enable_chunked_prefill": True,
+                   "gpu_memory_utilization": 0.9, "preemption_mode": "recompute"},
+    }

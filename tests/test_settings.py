@@ -44,7 +44,7 @@ def test_defaults_without_a_file():
     ('{"scheduler_probe": {"queue_capacity": true}}', "scheduler_probe.queue_capacity: expected an integer, got true"),
     ('{"scheduler_probe": {"queue_capacity": 0}}', "queue_capacity must be at least 1"),
     ('{"sampling": {"max_tokens": 1.5}}', "sampling.max_tokens: expected an integer, got 1.5"),
-    ('{"taotoken": {}}', "unknown key 'taotoken'"),
+    ('{"schedular_probe": {}}', "unknown key 'schedular_probe' (did you mean 'scheduler_probe'?)"),
     ('{"scheduler_probe": []}', "scheduler_probe: expected an object"),
     ('[1, 2]', "the top level must be an object"),
     ('{"scheduler_probe": {', "not valid JSON"),
@@ -71,7 +71,7 @@ def test_flags_round_trip_to_dict():
 
 @pytest.mark.parametrize("data,message", [
     ([1, 2], "the top level must be an object, got list"),
-    ({1: 2}, "unknown key 1 (known: model, sampling, scheduler_probe)"),
+    ({1: 2}, "unknown key 1 (known: model, sampling, scheduler_probe, scheduler)"),
     ({"model": None}, "model: expected a string, got null"),
     ({"sampling": {"x": 1}}, "unknown key 'sampling.x' (known: temperature, top_p, max_tokens, seed)"),
     ({"sampling": {"temperature": True}}, "sampling.temperature: expected an integer or a number, got true"),
@@ -98,3 +98,52 @@ def test_sampling_and_model_are_returned_as_written():
 
     s = parse_settings({"model": "", "sampling": {"top_p": 1, "seed": 3}}, "f.json")
     assert (s.model, s.sampling, s.flags) == ("", {"top_p": 1, "seed": 3}, ProbeFlags())
+
+
+SEED_SETTINGS_JSON = (  # the seed notes' settings.json, verbatim (§2)
+    '{ "model": "facebook/opt-125m", "sampling": { "temperature": 0.8, "top_p": 0.95, "max_tokens": 256 }, '
+    '"scheduler_probe": { "log_schedule_each_step": true, "log_preempt_events": true, "log_chunk_boundaries": true }, '
+    '"taotoken": { "api_key_env": "TAOTOKEN_API_KEY", "console_ref": "https://taotoken.net/api" } }')
+SEED_CONFIG_TOML = """# config.toml - 本地推理 + 统一 Key 接入骨架
+[server]
+host = "0.0.0.0"
+port = 8000
+# vLLM OpenAI 兼容服务的基础地址
+base_url = "http://127.0.0.1:8000/v1"
+
+[taotoken]
+# 统一 Key，从控制台获取后填入环境变量更安全
+api_key_env = "TAOTOKEN_API_KEY"
+chat_endpoint = "https://taotoken.net/api"
+doc_ref = "https://taotoken.net/api"
+
+[scheduler]
+# 调度核心参数，下面会逐个解释
+max_num_batched_tokens = 8192
+max_num_seqs = 64
+enable_chunked_prefill = true
+gpu_memory_utilization = 0.90
+preemption_mode = "recompute"
+"""
+
+
+def test_the_seed_files_are_read_as_written(tmp_path):
+    s = load_settings(write(tmp_path, "settings.json", SEED_SETTINGS_JSON))
+    assert s.flags == ProbeFlags() and s.ignored == ("taotoken",)
+    assert (s.expected.model, s.expected.sampling, s.expected.engine) == \
+        ("facebook/opt-125m", {"temperature": 0.8, "top_p": 0.95, "max_tokens": 256}, {})
+    c = load_settings(write(tmp_path, "config.toml", SEED_CONFIG_TOML))
+    assert c.flags == ProbeFlags() and c.ignored == ("server", "taotoken")
+    assert c.expected.engine == {"max_num_batched_tokens": 8192, "max_num_seqs": 64, "enable_chunked_prefill": True,
+                                 "gpu_memory_utilization": 0.9, "preemption_mode": "recompute"}
+    assert load_settings(ROOT_CONFIGS / "config.toml").expected.engine["max_num_seqs"] == 64
+
+
+def test_expected_settings_from_each_kind_of_file(tmp_path):
+    from vllm_probe.settings import load_expected
+
+    assert load_expected(write(tmp_path, "config.toml", SEED_CONFIG_TOML)).engine["max_num_batched_tokens"] == 8192
+    args = load_expected(write(tmp_path, "args.yaml", "max-num-seqs: 8\nmax_num_batched_tokens: 512\nmodel: m\n"))
+    assert (args.engine, args.model) == ({"max_num_seqs": 8, "max_num_batched_tokens": 512}, "m")
+    with pytest.raises(SettingsError, match="top level must be an object"):
+        load_expected(write(tmp_path, "l.yaml", "- 1\n"))

@@ -1,7 +1,8 @@
-"""The ``settings.json`` of the seed notes: its ``scheduler_probe`` flags switch event kinds.
+"""Settings files as users write them: the seed notes' ``settings.json`` and ``config.toml``.
 
-A settings file is JSON, YAML (``.yaml``/``.yml``) or TOML (``.toml``) with these
-top-level sections, all optional::
+A settings file is JSON, YAML (``.yaml``/``.yml``) or TOML (``.toml``). Its
+``scheduler_probe`` section switches the probe's event kinds; the rest belongs to other
+tools and is read as it is::
 
     {
       "model": "facebook/opt-125m",
@@ -10,18 +11,29 @@ top-level sections, all optional::
         "log_schedule_each_step": true,
         "log_preempt_events": true,
         "log_chunk_boundaries": true
-      }
+      },
+      "taotoken": {"api_key_env": "TAOTOKEN_API_KEY"}
     }
 
-Only ``scheduler_probe`` affects the probe; ``model`` and ``sampling`` are read by the
-examples. Unknown keys and wrong types are errors (:class:`SettingsError`), so a typo
-never silently leaves a flag at its default. The file's shape is declared as msgspec
-Structs (:class:`ProbeFlags`, ``_Sampling``, ``_SettingsFile``) and checked with
-``msgspec.convert``; its errors become one line naming the file and the key.
+* ``scheduler_probe``: unknown keys and wrong types are errors (:class:`SettingsError`),
+  so a typo never silently leaves a flag at its default.
+* ``model``, ``sampling`` (``settings.json``) and ``[scheduler]`` (``config.toml``: vLLM's
+  engine arguments) are what the user *expects* the engine to run with
+  (:class:`Expected`): ``vllm-probe run`` records them in ``meta.json`` so that the summary
+  and the doctor can say where the effective ``engine_config`` differs (seed §5: flags
+  on the command line win over a config file). ``sampling`` and ``model`` are still
+  type-checked (the examples read them).
+* Any other section (``server``, ``taotoken`` …) is left alone; :attr:`Settings.ignored`
+  names them for one info line.
+
+The file's shape is declared as msgspec Structs (:class:`ProbeFlags`, ``_Sampling``,
+``_SettingsFile``) and checked with ``msgspec.convert``; its errors become one line
+naming the file and the key.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import tomllib
@@ -67,22 +79,60 @@ class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     seed: Union[int, UnsetType] = UNSET
 
 
-class _SettingsFile(msgspec.Struct, forbid_unknown_fields=True):
-    """A settings file's top level; every section optional, none may be null."""
+class _SettingsFile(msgspec.Struct):
+    """A settings file's top level: every section optional, none of the probe's and the
+    examples' may be null; other tools' sections pass unchecked."""
 
     model: Union[str, UnsetType] = UNSET
     sampling: Union[_Sampling, UnsetType] = UNSET
     scheduler_probe: ProbeFlags = msgspec.field(default_factory=ProbeFlags)
+    scheduler: Union[dict[str, Any], UnsetType] = UNSET
+
+
+#: Sections of a settings file the probe reads (all others are other tools').
+PROBE_SECTIONS = ("scheduler_probe",)
+#: Sections read as what the user expects of the engine (:class:`Expected`).
+EXPECTED_SECTIONS = ("scheduler", "model", "sampling")
+
+
+class Expected(msgspec.Struct, frozen=True):
+    """What a user's file says the engine should run with (recorded in ``meta.json``).
+
+    Attributes:
+        source: the file it came from.
+        engine: vLLM engine arguments by their Python names (``max_num_batched_tokens``;
+            ``config.toml``'s ``[scheduler]``, or a YAML of engine arguments, dashes read
+            as underscores), values as written.
+        model: the ``model`` of a ``settings.json``.
+        sampling: its ``sampling`` section (``max_tokens``, ``temperature`` …).
+    """
+
+    source: str
+    engine: dict[str, Any] = {}
+    model: str | None = None
+    sampling: dict[str, Any] | None = None
+
+    def is_empty(self) -> bool:
+        return not self.engine and self.model is None and not self.sampling
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A parsed settings file. ``source`` is the path it came from (None: defaults)."""
+    """A parsed settings file. ``source`` is the path it came from (None: defaults).
+
+    Attributes:
+        flags: the ``scheduler_probe`` section.
+        model, sampling: those sections, as written (the examples read them).
+        expected: what the file says the engine should run with (None: nothing).
+        ignored: top-level sections the probe leaves alone (other tools').
+    """
 
     flags: ProbeFlags
     model: str | None = None
     sampling: dict[str, Any] | None = None
     source: str | None = None
+    expected: Expected | None = None
+    ignored: tuple[str, ...] = ()
 
 
 # -- msgspec's validation errors as one line naming the key ------------------------------
@@ -175,12 +225,49 @@ def parse_settings(data: Any, source: str) -> Settings:
     """
     if data is None:
         data = {}
+    if isinstance(data, dict):
+        for key in data:  # another tool's section is fine; a misspelt one of ours is not
+            near = difflib.get_close_matches(str(key), PROBE_SECTIONS + EXPECTED_SECTIONS, n=1, cutoff=0.8)
+            if near and near[0] != key:
+                raise SettingsError(f"{source}: unknown key {str(key)!r} (did you mean {near[0]!r}?)")
     try:
         parsed = msgspec.convert(data, _SettingsFile)
     except msgspec.ValidationError as e:
         raise SettingsError(_error_line(e, data, source)) from None
-    return Settings(flags=parsed.scheduler_probe, model=data.get("model"),
-                    sampling=data.get("sampling"), source=source)
+    expected = Expected(source, _engine_args(data.get("scheduler") or {}), data.get("model"), data.get("sampling"))
+    ignored = tuple(str(k) for k in data if k not in PROBE_SECTIONS + EXPECTED_SECTIONS)
+    return Settings(flags=parsed.scheduler_probe, model=data.get("model"), sampling=data.get("sampling"),
+                    source=source, expected=None if expected.is_empty() else expected, ignored=ignored)
+
+
+def _engine_args(mapping: dict) -> dict[str, Any]:
+    """Engine arguments by their Python names: ``max-num-seqs`` reads ``max_num_seqs``;
+    nested values (not engine arguments of the scheduler) are left out."""
+    return {str(k).replace("-", "_"): v for k, v in mapping.items()
+            if isinstance(v, (bool, int, float, str)) or v is None}
+
+
+def load_expected(path: str | Path) -> Expected:
+    """What a file says the engine should run with (``vllm-probe doctor --expect FILE``).
+
+    The file is a ``config.toml`` with a ``[scheduler]`` section, a ``settings.json``
+    (its ``model``/``sampling``, and ``scheduler`` if it has one), or a YAML/JSON of vLLM
+    engine arguments (top-level keys, as ``vllm serve --config`` takes them).
+
+    Raises:
+        SettingsError: the file is missing, unreadable, cannot be parsed, or is not an
+            object.
+    """
+    p = Path(path)
+    data = _parse_text(_read(p), p)
+    if not isinstance(data, dict):
+        raise SettingsError(f"{p}: the top level must be an object, got {type(data).__name__}")
+    if any(isinstance(data.get(k), dict) for k in ("scheduler_probe", "scheduler", "sampling")):
+        settings = parse_settings(data, str(p))
+        return settings.expected or Expected(str(p))
+    model = data.get("model")
+    return Expected(str(p), {k: v for k, v in _engine_args(data).items() if k != "model"},
+                    model if isinstance(model, str) else None)
 
 
 def load_settings(path: str | Path | None) -> Settings:
@@ -193,10 +280,13 @@ def load_settings(path: str | Path | None) -> Settings:
     if path is None:
         return Settings(flags=ProbeFlags())
     p = Path(path)
+    return parse_settings(_parse_text(_read(p), p), str(p))
+
+
+def _read(p: Path) -> str:
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SettingsError(f"{p}: settings file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SettingsError(f"{p}: cannot read settings file: {e}") from None
-    return parse_settings(_parse_text(text, p), str(p))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..runs.launcher import LaunchError, resolve_command, run_foreground
 from ..settings import load_settings
@@ -25,6 +26,9 @@ def main(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     settings = load_settings(args.settings)  # errors before anything starts
+    if settings.ignored:
+        print(f"vllm-probe: {settings.source}: section{'s' if len(settings.ignored) > 1 else ''} "
+              f"{', '.join(settings.ignored)} left alone (not the probe's)", file=sys.stderr)
     try:
         resolve_command(command)
         if args.live:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+import msgspec
+
 from .. import __version__, envvars
 from .reader import ReadStats, iter_file
 from ..settings import Settings
@@ -177,6 +179,8 @@ def start_run(command: list[str], settings: Settings, out: Path | None = None) -
         "cwd": os.getcwd(),
         "settings_file": settings.source,
         "flags": settings.flags.to_dict(),
+        # what the settings file says the engine should run with (summary, doctor compare it)
+        "expected": msgspec.to_builtins(settings.expected) if settings.expected is not None else None,
         "start_time": time.time(),
         "end_time": None,
         "exit_code": None,
