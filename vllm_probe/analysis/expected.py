@@ -1,0 +1,88 @@
+"""What the user expected against what the engine ran with (seed notes §5: "I changed
+config.toml but nothing changed: command-line flags win").
+
+A user's file names vLLM engine arguments (``config.toml``'s ``[scheduler]``, a YAML of
+engine arguments: :class:`vllm_probe.settings.Expected`); the engine core's
+``engine_config`` event records the settings in force, after vLLM applied its defaults,
+the platform's overrides and the command line. :func:`check_expected` lines them up,
+one :class:`SettingCheck` per expected setting. The summary shows the differences and
+the doctor's ``config-not-applied`` finding reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: vLLM engine argument -> the ``engine_config`` field that records its effect.
+ENGINE_ARG_FIELDS: dict[str, str] = {
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "max_num_seqs": "max_num_seqs",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "num_gpu_blocks_override": "num_kv_blocks",
+    "max_model_len": "max_model_len",
+    "block_size": "block_size",
+    "scheduling_policy": "scheduling_policy",
+    "async_scheduling": "async_scheduling",
+    "enable_prefix_caching": "prefix_caching",
+    "data_parallel_size": "data_parallel_size",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+}
+#: Settings the V1 engine does not have, and why (vLLM 0.32, ``vllm/engine/arg_utils.py``).
+NOT_IN_V1: dict[str, str] = {
+    "preemption_mode": "vLLM V1 always preempts by recompute (the swap mode was V0's)",
+}
+
+#: Statuses of a :class:`SettingCheck`.
+DIFFERS, MATCHES, NOT_RECORDED, NOT_V1 = "differs", "matches", "not_recorded", "not_v1"
+
+
+@dataclass(frozen=True)
+class SettingCheck:
+    """One expected setting against the engine's.
+
+    Attributes:
+        setting: the engine argument as the file names it (Python spelling).
+        expected: its value in the file.
+        effective: the value ``engine_config`` recorded (None: not recorded).
+        status: :data:`DIFFERS`, :data:`MATCHES`, :data:`NOT_RECORDED` (``engine_config``
+            has no field for it) or :data:`NOT_V1` (no such setting in vLLM V1).
+        note: why, for the last two.
+    """
+
+    setting: str
+    expected: Any
+    effective: Any
+    status: str
+    note: str = ""
+
+
+def _same(expected: Any, effective: Any) -> bool:
+    """Equal as settings: booleans only to booleans, numbers by value, names case-blind."""
+    if isinstance(expected, bool) or isinstance(effective, bool):
+        return type(expected) is type(effective) and expected == effective
+    if isinstance(expected, (int, float)) and isinstance(effective, (int, float)):
+        return math.isclose(expected, effective, rel_tol=1e-9, abs_tol=1e-12)
+    if isinstance(expected, str) and isinstance(effective, str):
+        return expected.strip().lower() == effective.strip().lower()
+    return expected == effective
+
+
+def check_expected(expected_engine: dict[str, Any], config: Any) -> list[SettingCheck]:
+    """Each expected engine argument against the ``engine_config`` record ``config``
+    (None: no engine_config in the run), in the file's order."""
+    checks = []
+    for setting, value in expected_engine.items():
+        if setting in NOT_IN_V1:
+            checks.append(SettingCheck(setting, value, None, NOT_V1, NOT_IN_V1[setting]))
+            continue
+        field = ENGINE_ARG_FIELDS.get(setting)
+        effective = getattr(config, field, None) if (config is not None and field) else None
+        if effective is None:
+            why = "engine_config does not record it" if field is None or config is not None else "no engine_config"
+            checks.append(SettingCheck(setting, value, None, NOT_RECORDED, why))
+        else:
+            checks.append(SettingCheck(setting, value, effective, MATCHES if _same(value, effective) else DIFFERS))
+    return checks
