@@ -1,6 +1,21 @@
 """Runs side by side (``vllm-probe compare``, seed notes §4.4): what differs between their
-effective configs and command lines, and each figure of :data:`FIGURES` with its delta
-against the first run (the baseline), judged better or worse where one direction is.
+effective configs, command lines and settings files, each figure with its delta against
+the first run (the baseline), and a verdict per group of figures, told apart by what
+they can be trusted for.
+
+Two clocks. *Step* figures (steps, tokens per step, preemptions, chunks, prefix-cache
+hits, queue lengths, time to first token in steps) count the scheduler's decisions: the
+same workload and settings give the same numbers on a busy or an idle machine, so any
+delta is real. *Wall-clock* figures (seconds, tokens per second, ``schedule()`` time)
+also measure how much CPU the run got, which on a shared machine varies from run to run.
+
+How much seconds move by chance is read off the runs themselves: within one run, every
+request decodes on the same engine with the same settings, so the spread of the
+requests' mean inter-token time (:func:`itl_spread`: p90 / median − 1) is what the
+machine's noise and the batch's changes do to the same work. A wall-clock delta no
+larger than the larger spread of the two runs is *within noise* (``noisy``); larger
+ones are reported as they are. The verdict of a group (:func:`verdicts`) weighs only its
+figures with a better direction, and among wall-clock figures only those beyond noise.
 
 Pure: :class:`~vllm_probe.analysis.summary.Summary` objects in, plain data out; the
 table is drawn by :mod:`vllm_probe.tui.compare_view`.
@@ -8,62 +23,144 @@ table is drawn by :mod:`vllm_probe.tui.compare_view`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .expected import DIFFERS
 from .summary import CONFIG_KEYS, Summary
+
+#: Figure clocks: decisions of the scheduler (repeatable) or seconds (noisy).
+STEPS, WALL = "steps", "wall"
 
 
 @dataclass(frozen=True)
 class Figure:
-    """One number of a summary: where it lives, how to show it, which way is better."""
+    """One number of a summary: where it lives, how to show it, which way is better, and
+    its clock (:data:`STEPS` or :data:`WALL`)."""
 
     section: str
     label: str
-    path: str  # dotted attribute path into Summary, e.g. "latency.ttft_s.median"
+    path: str  # dotted path into Summary, e.g. "latency.ttft_s.median"; list items by index
     unit: str = ""
     better: str | None = None  # "lower", "higher" or None (neither)
+    clock: str = STEPS
 
     def get(self, s: Summary) -> Any:
         obj: Any = s
         for part in self.path.split("."):
-            obj = obj.get(part) if isinstance(obj, dict) else getattr(obj, part, None)
+            if isinstance(obj, list):
+                obj = obj[int(part)] if part.isdigit() and int(part) < len(obj) else None
+            elif isinstance(obj, dict):
+                obj = obj.get(part)
+            else:
+                obj = getattr(obj, part, None)
             if obj is None:
                 return None
         return obj
 
 
-#: The figures ``compare`` lines up, in display order.
-FIGURES: tuple[Figure, ...] = (
-    Figure("run", "steps", "steps", "steps", "lower"),
-    Figure("run", "duration", "duration_s", "s", "lower"),
-    Figure("run", "requests finished", "requests_finished", "requests"),
-    Figure("run", "output tokens/s", "output_tokens_per_s", "tok/s", "higher"),
-    Figure("steps", "tokens/step median", "tokens_per_step.median", "tokens", "higher"),
-    Figure("steps", "tokens/step p90", "tokens_per_step.p90", "tokens", "higher"),
-    Figure("steps", "budget use median", "budget_use.median", "%", "higher"),
-    Figure("steps", "budget use p90", "budget_use.p90", "%", "higher"),
-    Figure("steps", "prefill share", "prefill_share", "%"),
-    Figure("steps", "schedule() mean", "schedule_us.mean", "µs", "lower"),
-    Figure("preemptions", "preemptions", "preemptions.count", "", "lower"),
-    Figure("preemptions", "requests preempted", "preemptions.requests", "requests", "lower"),
-    Figure("preemptions", "discarded tokens", "preemptions.discarded_tokens", "tokens", "lower"),
-    Figure("preemptions", "recomputed tokens", "preemptions.recomputed_tokens", "tokens", "lower"),
-    Figure("chunking", "prompts chunked", "chunking.chunked_prompts", "prompts"),
-    Figure("chunking", "chunks/prompt mean", "chunking.chunks_per_prompt.mean", "chunks", "lower"),
-    Figure("chunking", "chunks/prompt max", "chunking.chunks_per_prompt.max", "chunks", "lower"),
-    Figure("chunking", "KV tokens re-read", "chunking.reread_kv_tokens", "tokens", "lower"),
-    Figure("latency", "queue time median", "latency.queue_s.median", "s", "lower"),
-    Figure("latency", "queue time p90", "latency.queue_s.p90", "s", "lower"),
-    Figure("latency", "TTFT median", "latency.ttft_s.median", "s", "lower"),
-    Figure("latency", "TTFT p90", "latency.ttft_s.p90", "s", "lower"),
-    Figure("latency", "TTFT max", "latency.ttft_s.max", "s", "lower"),
-    Figure("latency", "TTFT median (steps)", "latency.ttft_steps.median", "steps", "lower"),
-    Figure("latency", "TTFT p90 (steps)", "latency.ttft_steps.p90", "steps", "lower"),
-    Figure("latency", "decode time median", "latency.decode_s.median", "s", "lower"),
-    Figure("latency", "inter-token median", "latency.itl_s.median", "s", "lower"),
-    Figure("bound", "bound by", "bound_most", ""),
+@dataclass(frozen=True)
+class Group:
+    """A group of figures: its name, clock and what it says about the run."""
+
+    name: str
+    clock: str
+    title: str
+
+
+#: The groups in display order: step figures first (reliable on any machine), then seconds.
+GROUPS: tuple[Group, ...] = (
+    Group("steps", STEPS, "tokens per step and budget use"),
+    Group("preemptions", STEPS, "KV-cache pressure: requests preempted and work thrown away"),
+    Group("chunking", STEPS, "prompts cut into prefill chunks and the KV they re-read"),
+    Group("prefix cache", STEPS, "prompt tokens served by cached KV blocks"),
+    Group("queues", STEPS, "running and waiting queue lengths after each step"),
+    Group("latency in steps", STEPS, "time to first token counted in scheduler steps"),
+    Group("latency in seconds", WALL, "queue time, time to first token, end-to-end, decode"),
+    Group("run time", WALL, "duration, throughput, time inside schedule()"),
+    Group("bound", STEPS, "the limit that held most steps back"),
 )
+GROUP_CLOCK = {g.name: g.clock for g in GROUPS}
+
+_F = Figure
+#: The figures ``compare`` lines up, in display order (per-class latency figures are
+#: added per comparison: :func:`figures_for`).
+FIGURES: tuple[Figure, ...] = (
+    _F("steps", "requests finished", "requests_finished", "requests"),
+    _F("steps", "steps", "steps", "steps", "lower"),
+    _F("steps", "tokens/step median", "tokens_per_step.median", "tokens", "higher"),
+    _F("steps", "tokens/step p90", "tokens_per_step.p90", "tokens", "higher"),
+    _F("steps", "budget use median", "budget_use.median", "%", "higher"),
+    _F("steps", "budget use p90", "budget_use.p90", "%", "higher"),
+    _F("steps", "prefill share", "prefill_share", "%"),
+    _F("preemptions", "preemptions", "preemptions.count", "", "lower"),
+    _F("preemptions", "requests preempted", "preemptions.requests", "requests", "lower"),
+    _F("preemptions", "most in one step", "preemptions.max_per_step", "", "lower"),
+    _F("preemptions", "steps with >1", "preemptions.steps_with_several", "steps", "lower"),
+    _F("preemptions", "discarded tokens", "preemptions.discarded_tokens", "tokens", "lower"),
+    _F("preemptions", "recomputed tokens", "preemptions.recomputed_tokens", "tokens", "lower"),
+    _F("chunking", "prompts chunked", "chunking.chunked_prompts", "prompts"),
+    _F("chunking", "chunks/prompt mean", "chunking.chunks_per_prompt.mean", "chunks", "lower"),
+    _F("chunking", "chunks/prompt max", "chunking.chunks_per_prompt.max", "chunks", "lower"),
+    _F("chunking", "KV tokens re-read", "chunking.reread_kv_tokens", "tokens", "lower"),
+    _F("prefix cache", "hit tokens (first pass)", "prefix_cache.hit_tokens", "tokens", "higher"),
+    _F("prefix cache", "hit share of prompt tokens", "prefix_cache.hit_share", "%", "higher"),
+    _F("prefix cache", "hit tokens on re-admission", "prefix_cache.resumed_hit_tokens", "tokens", "higher"),
+    _F("queues", "running median", "queues.running.median", "requests"),
+    _F("queues", "running max", "queues.running.max", "requests"),
+    _F("queues", "waiting median", "queues.waiting.median", "requests", "lower"),
+    _F("queues", "waiting max", "queues.waiting.max", "requests", "lower"),
+    _F("latency in steps", "TTFT median (steps)", "latency.ttft_steps.median", "steps", "lower"),
+    _F("latency in steps", "TTFT p90 (steps)", "latency.ttft_steps.p90", "steps", "lower"),
+    _F("latency in seconds", "queue time median", "latency.queue_s.median", "s", "lower", WALL),
+    _F("latency in seconds", "queue time p90", "latency.queue_s.p90", "s", "lower", WALL),
+    _F("latency in seconds", "TTFT median", "latency.ttft_s.median", "s", "lower", WALL),
+    _F("latency in seconds", "TTFT p90", "latency.ttft_s.p90", "s", "lower", WALL),
+    _F("latency in seconds", "TTFT max", "latency.ttft_s.max", "s", "lower", WALL),
+    _F("latency in seconds", "end-to-end median", "latency.e2e_s.median", "s", "lower", WALL),
+    _F("latency in seconds", "end-to-end p90", "latency.e2e_s.p90", "s", "lower", WALL),
+    _F("latency in seconds", "decode time median", "latency.decode_s.median", "s", "lower", WALL),
+    _F("latency in seconds", "inter-token median", "latency.itl_s.median", "s", "lower", WALL),
+    _F("run time", "duration", "duration_s", "s", "lower", WALL),
+    _F("run time", "output tokens/s", "output_tokens_per_s", "tok/s", "higher", WALL),
+    _F("run time", "schedule() mean", "schedule_us.mean", "µs", "lower", WALL),
+    _F("bound", "bound by", "bound_most", ""),
+)
+del _F
+
+
+def figures_for(summaries: list[Summary]) -> list[Figure]:
+    """:data:`FIGURES` plus the latency of each prompt-length class (and priority) that
+    holds finished requests in some run, when there are several: time to first token in
+    steps with the step figures, seconds with the wall-clock ones. Classes are the
+    baseline's (``compare`` summarizes every run with its boundaries)."""
+    base = summaries[0]
+    extra_steps: list[Figure] = []
+    extra_wall: list[Figure] = []
+
+    def add(path: str, name: str) -> None:
+        extra_steps.append(Figure("latency in steps", f"TTFT median (steps) · {name}", f"{path}.ttft_steps.median",
+                                  "steps", "lower"))
+        extra_wall.append(Figure("latency in seconds", f"TTFT median · {name}", f"{path}.ttft_s.median", "s",
+                                 "lower", WALL))
+        extra_wall.append(Figure("latency in seconds", f"end-to-end median · {name}", f"{path}.e2e_s.median", "s",
+                                 "lower", WALL))
+
+    used = [i for i, c in enumerate(base.latency_classes.classes)
+            if any(i < len(s.latency_classes.classes) and s.latency_classes.classes[i].n for s in summaries)]
+    if len(used) > 1:
+        for i in used:
+            add(f"latency_classes.classes.{i}", f"{base.latency_classes.classes[i].name} prompts")
+    for i, c in enumerate(base.latency_by_priority):
+        add(f"latency_by_priority.{i}", c.name)
+    out: list[Figure] = []
+    for f in FIGURES:
+        out.append(f)
+        if f.path == "latency.ttft_steps.p90":
+            out += extra_steps
+        elif f.path == "latency.itl_s.median":
+            out += extra_wall
+    return out
 
 
 def config_differences(summaries: list[Summary]) -> dict[str, list[Any]]:
@@ -74,6 +171,15 @@ def config_differences(summaries: list[Summary]) -> dict[str, list[Any]]:
         if any(v != values[0] for v in values[1:]):
             out[key] = values
     return out
+
+
+def expected_differences(summaries: list[Summary]) -> list[list[dict[str, Any]]] | None:
+    """Per run, the settings its settings file expected and the run did not have
+    (``Summary.expected`` checks with status ``differs``); None when no run recorded a
+    settings file."""
+    if not any(s.expected for s in summaries):
+        return None
+    return [[c for c in (s.expected or {}).get("checks", []) if c["status"] == DIFFERS] for s in summaries]
 
 
 def command_differences(summaries: list[Summary]) -> list[str] | None:
@@ -119,23 +225,123 @@ def delta(figure: Figure, base: Any, value: Any) -> tuple[float | None, float | 
     return d, rel, "better" if good else "worse"
 
 
+def itl_spread(s: Summary) -> float | None:
+    """How much the requests' mean inter-token time varies within one run: its p90 over
+    its median, minus 1 (0.18: the slower tenth of requests decoded 18 % slower than the
+    typical one). None without at least two requests that decoded."""
+    d = s.latency.itl_s
+    if d.n < 2 or not d.median or d.p90 is None:
+        return None
+    return max(d.p90 / d.median - 1.0, 0.0)
+
+
+def noise_threshold(base: Summary, other: Summary) -> float | None:
+    """The relative delta below which a wall-clock figure of ``other`` against ``base`` is
+    within noise: the larger :func:`itl_spread` of the two (None: neither run measured one)."""
+    spreads = [x for x in (itl_spread(base), itl_spread(other)) if x is not None]
+    return max(spreads) if spreads else None
+
+
+def is_noisy(figure: Figure, rel: float | None, threshold: float | None) -> bool | None:
+    """Whether a delta of a wall-clock figure is within noise (None: not a wall-clock
+    figure, no relative delta, or no threshold)."""
+    if figure.clock != WALL or rel is None or threshold is None:
+        return None
+    return abs(rel) <= threshold
+
+
+@dataclass
+class GroupVerdict:
+    """One group's verdict for one run against the baseline.
+
+    Attributes:
+        group: the group's name (:data:`GROUPS`).
+        clock: :data:`STEPS` or :data:`WALL`.
+        run: index of the run (1 = the second run given; the baseline is 0).
+        verdict: ``better``, ``worse``, ``mixed`` (some figures better, others worse),
+            ``same`` (no figure with a direction moved), ``noise`` (wall-clock figures
+            moved, all within noise) or ``unknown`` (no figure to judge).
+        changes: up to :data:`CHANGES_SHOWN` figures that moved most, largest relative
+            change first: ``{"figure", "unit", "abs", "rel", "verdict", "noisy"}``.
+        noise: the threshold used (wall-clock groups; relative, 0.18 = 18 %).
+    """
+
+    group: str
+    clock: str
+    run: int
+    verdict: str
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    noise: float | None = None
+
+
+#: Figures named in a verdict's ``changes``.
+CHANGES_SHOWN = 3
+
+
+def verdicts(rows: list[dict[str, Any]], n_runs: int) -> list[GroupVerdict]:
+    """A :class:`GroupVerdict` per group and per run after the baseline, from the rows of
+    :func:`comparison` (``rows[i]["deltas"][run - 1]``)."""
+    out = []
+    for run in range(1, n_runs):
+        for g in GROUPS:
+            grow = [r for r in rows if r["section"] == g.name]
+            noise = None
+            moved, judged, directed = [], [], 0
+            for r in grow:
+                d = r["deltas"][run - 1]
+                if d["abs"] is None:
+                    continue
+                noise = d.get("threshold", noise)
+                if r["better"] is not None:
+                    directed += 1
+                if d["abs"] == 0:
+                    continue
+                change = {"figure": r["figure"], "unit": r["unit"], "abs": d["abs"], "rel": d["rel"],
+                          "verdict": d["verdict"], "noisy": d["noisy"]}
+                moved.append(change)
+                if d["verdict"] in ("better", "worse") and not d["noisy"]:
+                    judged.append(change)
+            if not directed:
+                verdict = "unknown" if not moved else "same"
+                if g.name == "bound":
+                    verdict = "same" if all(r["values"][run] == r["values"][0] for r in grow) else "changed"
+            elif judged:
+                kinds = {c["verdict"] for c in judged}
+                verdict = kinds.pop() if len(kinds) == 1 else "mixed"
+            elif any(c["noisy"] for c in moved):
+                verdict = "noise"
+            else:
+                verdict = "same"
+            shown = judged or [c for c in moved if c["verdict"] is not None or g.name in ("queues",)] or moved
+            shown = sorted(shown, key=lambda c: -abs(c["rel"]) if c["rel"] is not None else 0.0)[:CHANGES_SHOWN]
+            out.append(GroupVerdict(g.name, g.clock, run, verdict, shown, noise if g.clock == WALL else None))
+    return out
+
+
 def comparison(summaries: list[Summary]) -> dict[str, Any]:
-    """JSON-ready comparison: config and command differences, figures with deltas."""
+    """JSON-ready comparison: config, command and settings-file differences, the noise of
+    each run, figures with deltas (``noisy`` for wall-clock ones), verdicts per group."""
     base = summaries[0]
+    thresholds = [noise_threshold(base, s) for s in summaries[1:]]
     figures = []
-    for f in FIGURES:
+    for f in figures_for(summaries):
         values = [f.get(s) for s in summaries]
-        row = {"section": f.section, "figure": f.label, "path": f.path, "unit": f.unit, "values": values,
-               "deltas": []}
-        for v in values[1:]:
+        row = {"section": f.section, "figure": f.label, "path": f.path, "unit": f.unit, "better": f.better,
+               "clock": f.clock, "values": values, "deltas": []}
+        for v, threshold in zip(values[1:], thresholds):
             d, rel, verdict = delta(f, values[0], v)
-            row["deltas"].append({"abs": d, "rel": rel, "verdict": verdict})
+            row["deltas"].append({"abs": d, "rel": rel, "verdict": verdict,
+                                  "noisy": is_noisy(f, rel, threshold) if d else None,
+                                  "threshold": threshold if f.clock == WALL else None})
         figures.append(row)
     return {
         "runs": [s.run_dir for s in summaries],
         "baseline": base.run_dir,
         "config_differences": config_differences(summaries),
         "command_differences": command_differences(summaries),
+        "expected_differences": expected_differences(summaries),
+        "noise": {"itl_spread": [itl_spread(s) for s in summaries], "threshold": thresholds},
         "figures": figures,
+        "verdicts": [asdict(v) for v in verdicts(figures, len(summaries))],
         "summaries": [s.to_dict() for s in summaries],
     }

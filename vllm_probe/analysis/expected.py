@@ -6,7 +6,10 @@ engine arguments: :class:`vllm_probe.settings.Expected`); the engine core's
 ``engine_config`` event records the settings in force, after vLLM applied its defaults,
 the platform's overrides and the command line. :func:`check_expected` lines them up,
 one :class:`SettingCheck` per expected setting. The summary shows the differences and
-the doctor's ``config-not-applied`` finding reports them.
+the doctor's ``config-not-applied`` finding reports them. A ``settings.json``'s
+``sampling`` section is checked against what the requests asked for
+(:func:`check_sampling`, from ``request_added``), and its ``model`` is reported as not
+recorded (:func:`check_model`: no event names the model).
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ class SettingCheck:
         effective: the value ``engine_config`` recorded (None: not recorded).
         status: :data:`DIFFERS`, :data:`MATCHES`, :data:`NOT_RECORDED` (``engine_config``
             has no field for it) or :data:`NOT_V1` (no such setting in vLLM V1).
-        note: why, for the last two.
+        note: why, for the last two; for sampling, how many requests had which value.
+        section: where the setting is in the file: ``engine`` (``[scheduler]``, engine
+            arguments), ``model`` or ``sampling``.
     """
 
     setting: str
@@ -57,6 +62,7 @@ class SettingCheck:
     effective: Any
     status: str
     note: str = ""
+    section: str = "engine"
 
 
 def _same(expected: Any, effective: Any) -> bool:
@@ -85,4 +91,41 @@ def check_expected(expected_engine: dict[str, Any], config: Any) -> list[Setting
             checks.append(SettingCheck(setting, value, None, NOT_RECORDED, why))
         else:
             checks.append(SettingCheck(setting, value, effective, MATCHES if _same(value, effective) else DIFFERS))
+    return checks
+
+
+def check_model(model: Any) -> list[SettingCheck]:
+    """A settings file's ``model`` (None: no check): events do not name the engine's model,
+    so it is :data:`NOT_RECORDED` (the command line in ``meta.json`` usually does)."""
+    if model is None:
+        return []
+    return [SettingCheck("model", model, None, NOT_RECORDED, "the events do not name the model; see the command",
+                         "model")]
+
+
+def check_sampling(expected_sampling: dict[str, Any], seen: dict[str, dict[Any, int]]) -> list[SettingCheck]:
+    """A settings file's ``sampling`` section against what the requests asked for.
+
+    Args:
+        expected_sampling: e.g. ``{"temperature": 0.8, "top_p": 0.95, "max_tokens": 256}``.
+        seen: field -> value -> requests, from ``request_added``
+            (:attr:`vllm_probe.analysis.state.EngineState.sampling_seen`).
+
+    Each check's ``effective`` is the value every request had, or the list of values
+    seen, most frequent first; :data:`MATCHES` only when every request had the expected
+    value; :data:`NOT_RECORDED` when no request recorded the field.
+    """
+    checks = []
+    for setting, value in expected_sampling.items():
+        values = seen.get(setting) or {}
+        if not values:
+            checks.append(SettingCheck(setting, value, None, NOT_RECORDED, "no request recorded it", "sampling"))
+            continue
+        ranked = sorted(values, key=lambda v: (-values[v], str(v)))
+        total = sum(values.values())
+        effective = ranked[0] if len(ranked) == 1 else ranked
+        same = len(ranked) == 1 and _same(value, ranked[0])
+        note = f"{total} request{'s' if total != 1 else ''}" if len(ranked) == 1 else \
+            ", ".join(f"{v}: {values[v]}" for v in ranked[:4]) + (" …" if len(ranked) > 4 else "")
+        checks.append(SettingCheck(setting, value, effective, MATCHES if same else DIFFERS, note, "sampling"))
     return checks

@@ -68,6 +68,12 @@ def chunk_reread_tokens(chunk_index: int, start: int) -> int:
     return start if chunk_index >= 1 else 0
 
 
+def share(part: float, whole: float | None) -> float | None:
+    """``part / whole`` (0..1), e.g. prefix-cache hit tokens of the prompt tokens; None
+    when ``whole`` is 0 or unknown."""
+    return part / whole if whole else None
+
+
 def per_second(amount: float, span_s: float | None) -> float | None:
     """``amount`` per second of ``span_s`` (None when the span is unknown or 0)."""
     return amount / span_s if span_s else None

@@ -15,6 +15,8 @@ Timing definitions (event fields in docs/events.md):
   number of steps from arrival through the one that ran the last chunk.
 * decode time: first token → ``request_finished``; mean inter-token time: decode time /
   (output tokens − 1).
+* end-to-end latency: arrival → ``ts`` of ``request_finished`` (what a client waits for
+  the whole answer: queue time + prefill + decode, preemptions included).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class RequestState:
     phase: str = WAITING
     prompt_len: int | None = None
     max_tokens: int | None = None
+    priority: int | None = None  # ``request_added.priority`` (lower runs first under the priority policy)
     arrival_ts: float | None = None
     arrival_step: int = 0
     first_scheduled_ts: float | None = None
@@ -74,6 +77,13 @@ class RequestState:
         if self.first_token_step is None:
             return None
         return self.first_token_step - self.arrival_step + 1
+
+    @property
+    def e2e_s(self) -> float | None:
+        """End-to-end latency: arrival → finish (s); None until both are known."""
+        if self.finished_ts is None or self.arrival_ts is None:
+            return None
+        return max(self.finished_ts - self.arrival_ts, 0.0)
 
     @property
     def decode_time_s(self) -> float | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..schema.records import STRUCTS, from_dict
-from .figures import LIMITS, budget_use, bound_by, chunk_reread_tokens, per_second
+from .figures import LIMITS, budget_use, bound_by, chunk_reread_tokens, per_second, share
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, RequestState
 from .timeline import MAX_SPANS, Timeline
 
@@ -30,6 +30,13 @@ STEP_WINDOW = 600
 FINISHED_KEEP = 200
 #: Default number of recent preemptions kept per engine.
 PREEMPT_KEEP = 50
+#: ``request_added`` fields counted per value (:attr:`EngineState.sampling_seen`).
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p")
+#: Distinct values counted per field in :attr:`EngineState.priorities` and
+#: :attr:`EngineState.sampling_seen`; further ones count under :data:`OTHER_VALUES`
+#: (memory stays bounded whatever the clients send).
+DISTINCT_KEEP = 64
+OTHER_VALUES = "other"
 
 
 
@@ -122,10 +129,31 @@ class EngineState:
     chunk_tokens: int = 0  # tokens of every prefill chunk (end - start)
     reread_kv_tokens: int = 0  # figures.chunk_reread_tokens summed over chunks (seed §3.4)
     prefix_hit_tokens: int = 0  # served by the prefix cache on first passes' first chunks
+    first_passes: int = 0  # first passes started (first chunks of requests not resumed)
+    first_pass_prompt_tokens: int = 0  # prompt_len of those first chunks: what the hits are a share of
+    requests_with_prefix_hits: int = 0  # first passes that started with a prefix-cache hit
+    #: re-admissions after a preemption (resumed passes): their number, the prefill_len they
+    #: had to compute again, and the part of it the prefix cache served (their first chunks)
+    resumed_passes: int = 0
+    resumed_prefill_tokens: int = 0
+    resumed_prefix_hit_tokens: int = 0
+    #: prefix-cache hits of the chunks of the latest step (tokens; the ``--plain`` line's "hit")
+    step_prefix_hits: int = 0
+    _hits_since_step: int = 0
     #: exact histogram: chunks of the prefill pass that produced a prompt's first token -> prompts
     first_pass_chunks: dict[int, int] = field(default_factory=dict)
     requests_added: int = 0
     requests_finished: int = 0
+    #: exact histograms of the steps' ``running`` / ``waiting`` queue lengths (requests -> steps)
+    running_steps: dict[int, int] = field(default_factory=dict)
+    waiting_steps: dict[int, int] = field(default_factory=dict)
+    #: exact histogram: requests preempted in one step (its ``preempted`` list) -> steps, for steps with any
+    preempted_steps: dict[int, int] = field(default_factory=dict)
+    #: requests by ``request_added.priority`` (requests)
+    priorities: dict[int, int] = field(default_factory=dict)
+    #: what the requests asked for (``request_added``): field -> value -> requests, for
+    #: :data:`SAMPLING_FIELDS` (compared with a settings file's ``sampling`` section)
+    sampling_seen: dict[str, dict[Any, int]] = field(default_factory=lambda: {k: {} for k in SAMPLING_FIELDS})
     bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
@@ -213,12 +241,40 @@ class EngineState:
         """Hooks the probe switched off after repeated errors (their events stop)."""
         return sorted({h for ps in self.probe_stats.values() for h in ps.hooks_disabled or ()})
 
+    @property
+    def running_max(self) -> int | None:
+        """Longest running queue after any step so far (requests; None before a step)."""
+        return max(self.running_steps, default=None)
+
+    @property
+    def waiting_max(self) -> int | None:
+        """Longest waiting queue after any step so far (requests; None before a step)."""
+        return max(self.waiting_steps, default=None)
+
+    @property
+    def prefix_hit_share(self) -> float | None:
+        """Prefix-cache hits of first passes over their prompt tokens (0..1)."""
+        return share(self.prefix_hit_tokens, self.first_pass_prompt_tokens)
+
+    @property
+    def priorities_vary(self) -> bool:
+        """Whether the requests seen so far have more than one priority."""
+        return len(self.priorities) > 1
+
     def phase_counts(self) -> dict[str, int]:
         """Known unfinished requests per phase (requests)."""
         counts = {WAITING: 0, PREFILL: 0, DECODE: 0, PREEMPTED: 0}
         for r in self.requests.values():
             counts[r.phase] = counts.get(r.phase, 0) + 1
         return counts
+
+
+def _count_value(hist: dict, value: Any) -> None:
+    """Count ``value`` in ``hist``, under :data:`OTHER_VALUES` once it holds
+    :data:`DISTINCT_KEEP` distinct values."""
+    if value not in hist and len(hist) >= DISTINCT_KEEP:
+        value = OTHER_VALUES
+    hist[value] = hist.get(value, 0) + 1
 
 
 class RunState:
@@ -313,6 +369,10 @@ class RunState:
         return max(max(e.last_step_ts for e in self.engines.values() if e.last_step_ts is not None)
                    - min(starts), 0.0)
 
+    def prefix_hit_share(self) -> float | None:
+        """Prefix-cache hits of first passes over their prompt tokens, across engines (0..1)."""
+        return share(self.total("prefix_hit_tokens"), self.total("first_pass_prompt_tokens"))
+
     def engine_ids(self) -> list[int]:
         """Data-parallel ranks seen so far, sorted."""
         return sorted(self.engines)
@@ -355,6 +415,15 @@ class RunState:
         preempted = ev.preempted
         n_preempted = len(preempted) if preempted else 0
         eng.step_preemptions += n_preempted
+        hist = eng.running_steps
+        hist[running] = hist.get(running, 0) + 1
+        hist = eng.waiting_steps
+        hist[waiting] = hist.get(waiting, 0) + 1
+        if n_preempted:
+            hist = eng.preempted_steps
+            hist[n_preempted] = hist.get(n_preempted, 0) + 1
+        if eng._hits_since_step or eng.step_prefix_hits:
+            eng.step_prefix_hits, eng._hits_since_step = eng._hits_since_step, 0
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
         kv = ev.kv_usage or 0.0
@@ -402,12 +471,22 @@ class RunState:
             req.prompt_len = ev.prompt_len
         if index == 0:
             req.passes += 1
-            if not ev.resumed:
-                eng.prefix_hit_tokens += start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
+            hits = start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
+            eng._hits_since_step += hits
+            if ev.resumed:
+                eng.resumed_passes += 1
+                eng.resumed_prefix_hit_tokens += hits
+                eng.resumed_prefill_tokens += ev.prefill_len if ev.prefill_len is not None else end
+            else:
+                eng.first_passes += 1
+                eng.prefix_hit_tokens += hits
+                eng.first_pass_prompt_tokens += ev.prompt_len if ev.prompt_len is not None else end
+                if hits:
+                    eng.requests_with_prefix_hits += 1
             if req.first_scheduled_ts is None:
                 req.first_scheduled_ts = ev.ts
                 req.first_scheduled_step = ev.step
-                req.prefix_hit_tokens = start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
+                req.prefix_hit_tokens = hits
         if ev.resumed:
             req.recomputed_tokens += end - start
             eng.recomputed_tokens += end - start
@@ -459,7 +538,14 @@ class RunState:
         req.arrival_step = eng.last_step + 1
         req.prompt_len = ev.prompt_len
         req.max_tokens = ev.max_tokens
+        req.priority = ev.priority
         req.arrival_ts = ev.ts if ev.arrival_ts is None else ev.arrival_ts
+        if ev.priority is not None:
+            _count_value(eng.priorities, ev.priority)
+        for name, seen in eng.sampling_seen.items():
+            value = getattr(ev, name)
+            if value is not None:
+                _count_value(seen, value)
         if self.listener is not None:
             self.listener.on_added(eng, req, ev)
 

@@ -43,8 +43,31 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
   6,144 tokens. ``reread_per_prefill_token`` divides it by the prefill tokens of all
   chunks (the KV a single-shot prefill would write once and never re-read).
 * **latency** (per finished request, from :class:`~vllm_probe.analysis.state.RequestState`):
-  queue time, time to first token (s and steps), decode time, mean inter-token time.
-  Requests still running when the log ends are counted as ``unfinished`` and left out.
+  queue time, time to first token (s and steps), decode time, mean inter-token time,
+  end-to-end latency (arrival to finish). Requests still running when the log ends are
+  counted as ``unfinished`` and left out.
+* **latency classes**: the same per finished request, split by prompt length
+  (``prompt_len``) at ``boundaries`` (a prompt of exactly a boundary's length belongs to
+  the class below it). The default boundaries are a quarter of the token budget and the
+  token budget (``max_num_batched_tokens``): a *short* prompt leaves room for other work
+  in its step, a *medium* one fits in one step, a *long* one cannot be prefilled in one
+  step and is chunked when chunked prefill is on (seed §5: "chunked prefill on but TTFT
+  worse" is the long class getting slower while the others get faster). Also split by
+  ``priority`` when the finished requests have more than one (at most
+  :data:`PRIORITY_CLASSES_MAX`, the most common).
+* **prefix cache**: tokens served by the prefix cache (a pass's first chunk's
+  ``prefix_hit_tokens``), on first passes against their prompt tokens, and on
+  re-admissions after a preemption against the ``prefill_len`` those passes had to
+  compute again (with prefix caching on, a preempted request's freed blocks stay cached
+  until they are reused, so a re-admission can skip part of its recompute).
+* **queues**: the running and waiting queue lengths after each step (exact distributions
+  over all steps: the "maximum concurrency" actually reached).
+* **preemptions per step**: from the steps' ``preempted`` lists: the most in one step,
+  steps with any, steps with more than one (a cascade).
+* **expected**: what ``meta.json``'s ``expected`` (the user's settings file) says the
+  engine should run with, checked setting by setting against ``engine_config``
+  (:func:`vllm_probe.analysis.expected.check_expected`) and, for its ``sampling``
+  section, against what the requests asked for (``request_added``).
 * **bound by**: share of steps per limit of :func:`vllm_probe.analysis.figures.bound_by`
   (``token_budget``, ``max_num_seqs``, ``kv_cache``, ``none``); ``bound_most`` is the
   most frequent one.
@@ -54,6 +77,7 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
 
 from __future__ import annotations
 
+import bisect
 import gc
 import itertools
 from dataclasses import asdict, dataclass, field
@@ -63,7 +87,8 @@ from typing import Any, Iterable
 from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import NoEventsError, event_files, read_meta
 from ..schema.records import from_dict
-from .figures import LIMITS, Distribution, budget_use, prefill_share
+from .expected import check_expected, check_model, check_sampling
+from .figures import LIMITS, Distribution, budget_use, prefill_share, share
 from .state import RequestState, RunState
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
@@ -73,6 +98,27 @@ CONFIG_KEYS = (
     "max_model_len", "scheduling_policy", "async_scheduling", "prefix_caching",
     "data_parallel_size", "scheduler_class",
 )
+
+#: Default prompt-length class boundaries as shares of the token budget (see the module
+#: docstring): short ≤ budget/4 < medium ≤ budget < long.
+DEFAULT_CLASS_SHARES = (0.25, 1.0)
+#: Boundaries (tokens) when the run's token budget is unknown.
+FALLBACK_BOUNDARIES = (512, 2048)
+#: Most priority classes in ``latency_by_priority`` (the most common priorities).
+PRIORITY_CLASSES_MAX = 8
+
+
+def default_boundaries(token_budget: int | None) -> list[int]:
+    """Prompt-length class boundaries (tokens) for a run with this token budget
+    (:data:`DEFAULT_CLASS_SHARES`; :data:`FALLBACK_BOUNDARIES` when unknown)."""
+    if not token_budget:
+        return list(FALLBACK_BOUNDARIES)
+    return sorted({max(int(token_budget * share), 1) for share in DEFAULT_CLASS_SHARES})
+
+
+def class_names(n: int) -> list[str]:
+    """Names of ``n`` prompt-length classes: short / medium / long for three, else 1..n."""
+    return ["short", "medium", "long"] if n == 3 else [str(i + 1) for i in range(n)]
 
 
 # -- the result ---------------------------------------------------------------------------
@@ -89,6 +135,33 @@ class Preemptions:
     worst_request: str | None = None
     worst_preemptions: int = 0
     worst_recomputed_tokens: int = 0
+    steps_with_preemptions: int = 0  # steps whose ``preempted`` list is not empty
+    steps_with_several: int = 0  # of those, steps that preempted more than one request
+    max_per_step: int = 0  # most requests preempted in one step
+
+
+@dataclass
+class PrefixCache:
+    """Prefix-cache hits (tokens whose KV came from cached blocks, not computed)."""
+
+    enabled: bool | None = None  # engine_config.prefix_caching
+    hit_tokens: int = 0  # on first passes (equals chunking.prefix_hit_tokens)
+    prompt_tokens: int = 0  # prompt tokens of the first passes that started
+    hit_share: float | None = None  # hit_tokens / prompt_tokens (0..1)
+    first_passes: int = 0  # first prefill passes started (one per request)
+    requests_with_hits: int = 0  # of those, passes that started with a hit
+    resumed_passes: int = 0  # re-admissions after a preemption
+    resumed_hit_tokens: int = 0  # served by the prefix cache on those re-admissions
+    resumed_prefill_tokens: int = 0  # prefill_len of those passes: what they had to compute again
+    resumed_hit_share: float | None = None  # resumed_hit_tokens / resumed_prefill_tokens (0..1)
+
+
+@dataclass
+class Queues:
+    """Queue lengths after each step (requests), over all steps."""
+
+    running: Distribution = field(default_factory=Distribution)
+    waiting: Distribution = field(default_factory=Distribution)
 
 
 @dataclass
@@ -114,6 +187,36 @@ class Latency:
     ttft_steps: Distribution = field(default_factory=Distribution)
     decode_s: Distribution = field(default_factory=Distribution)
     itl_s: Distribution = field(default_factory=Distribution)
+    e2e_s: Distribution = field(default_factory=Distribution)  # arrival to finish
+
+
+@dataclass
+class LatencyClass:
+    """Latency of the finished requests of one class: seconds, ``ttft_steps`` in steps.
+
+    Prompt-length classes: ``low``..``high`` is the range of ``prompt_len`` (tokens, both
+    inclusive; ``high`` None: no upper bound). Priority classes: ``low`` = ``high`` = the
+    priority.
+    """
+
+    name: str
+    low: int | None = None
+    high: int | None = None
+    n: int = 0  # finished requests in the class
+    queue_s: Distribution = field(default_factory=Distribution)
+    ttft_s: Distribution = field(default_factory=Distribution)
+    ttft_steps: Distribution = field(default_factory=Distribution)
+    e2e_s: Distribution = field(default_factory=Distribution)
+
+
+@dataclass
+class LatencyClasses:
+    """Latency split by prompt length (see the module docstring)."""
+
+    by: str = "prompt_len"
+    boundaries: list[int] = field(default_factory=list)  # tokens
+    basis: str = "token budget"  # where the boundaries come from: "token budget", "given" or "default"
+    classes: list[LatencyClass] = field(default_factory=list)  # every class, empty ones included
 
 
 @dataclass
@@ -144,6 +247,14 @@ class Summary:
     preemptions: Preemptions = field(default_factory=Preemptions)
     chunking: Chunking = field(default_factory=Chunking)
     latency: Latency = field(default_factory=Latency)
+    latency_classes: LatencyClasses = field(default_factory=LatencyClasses)
+    latency_by_priority: list[LatencyClass] = field(default_factory=list)  # empty unless priorities vary
+    requests_by_priority: dict[int, int] = field(default_factory=dict)  # priority -> requests added
+    prefix_cache: PrefixCache = field(default_factory=PrefixCache)
+    queues: Queues = field(default_factory=Queues)
+    #: meta.json's ``expected`` against the run: ``{"source": file, "checks": [SettingCheck
+    #: as a dict]}`` (None: the run was started without a settings file saying what to expect)
+    expected: dict[str, Any] | None = None
     bound_by: dict[str, float] = field(default_factory=dict)  # limit -> share of steps
     bound_most: str | None = None
     probe_dropped_events: int = 0  # events the probe lost (state.EngineState.events_dropped)
@@ -162,9 +273,11 @@ class _Finished:
     """Per finished request: its latencies and token counts (the state keeps only the
     latest finished requests; the summary needs all of them)."""
 
+    #: what each finished request's tuple in ``latencies`` holds
+    FIELDS = ("queue_s", "ttft_s", "ttft_steps", "decode_s", "itl_s", "e2e_s", "prompt_len", "priority")
+
     def __init__(self) -> None:
-        # (queue_s, ttft_s, ttft_steps, decode_s, itl_s) per finished request
-        self.latencies: list[tuple] = []
+        self.latencies: list[tuple] = []  # one tuple of FIELDS per finished request
         self.count = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
@@ -174,7 +287,8 @@ class _Finished:
         self.count += 1
         self.prompt_tokens += req.prompt_len or 0
         self.output_tokens += req.output_tokens or 0
-        self.latencies.append((req.queue_time_s, req.ttft_s, req.ttft_steps, req.decode_time_s, req.mean_itl_s))
+        self.latencies.append((req.queue_time_s, req.ttft_s, req.ttft_steps, req.decode_time_s, req.mean_itl_s,
+                               req.e2e_s, req.prompt_len, req.priority))
         self.consider_worst(req)
 
     def consider_worst(self, req: RequestState) -> None:
@@ -186,11 +300,12 @@ class _Finished:
 
 
 def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
-                     meta: dict | None = None) -> Summary:
+                     meta: dict | None = None, boundaries: Iterable[int] | None = None) -> Summary:
     """Summarize an iterable of events: each engine core's events in file order (engine
     cores may follow one another or interleave, as ``iter_run`` yields them). Events are
     records of :mod:`vllm_probe.schema.records` or dicts (converted; skipped when a field
-    has the wrong type).
+    has the wrong type). ``boundaries``: prompt-length class boundaries in tokens (None:
+    :func:`default_boundaries` of the run's token budget).
 
     Python's cyclic garbage collector is paused meanwhile: the loop allocates an object
     per event and creates no reference cycles, and the collector's passes over the
@@ -211,11 +326,13 @@ def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: 
     finally:
         if gc_was_enabled:
             gc.enable()
-    return _build(state, finished, stats or ReadStats(), run_dir, meta or {})
+    return _build(state, finished, stats or ReadStats(), run_dir, meta or {},
+                  None if boundaries is None else sorted(set(boundaries)))
 
 
-def summarize(run_dir: str | Path, stats: ReadStats | None = None) -> Summary:
-    """Summarize the run in ``run_dir`` (all its engine cores' files).
+def summarize(run_dir: str | Path, stats: ReadStats | None = None, boundaries: Iterable[int] | None = None) -> Summary:
+    """Summarize the run in ``run_dir`` (all its engine cores' files); ``boundaries`` as
+    in :func:`summarize_events`.
 
     Raises:
         NoEventsError: no event file, or no readable event in them.
@@ -227,7 +344,7 @@ def summarize(run_dir: str | Path, stats: ReadStats | None = None) -> Summary:
     # RunState keeps each engine core apart, so the files need no time-ordered merge
     # (heapq.merge costs about a tenth of summary's time on a two-engine run).
     events = itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir))
-    summary = summarize_events(events, stats, str(run_dir), read_meta(run_dir))
+    summary = summarize_events(events, stats, str(run_dir), read_meta(run_dir), boundaries)
     if stats.events == 0:
         raise NoEventsError(f"no readable events in {run_dir} ({stats.describe()})")
     return summary
@@ -239,7 +356,8 @@ def _config_of(rec: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict) -> Summary:
+def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict,
+           boundaries: list[int] | None) -> Summary:
     s = Summary(run_dir=run_dir, command=meta.get("command"))
     s.read = {"events": stats.events, "malformed": stats.malformed, "partial": stats.partial,
               "unknown_kind": stats.unknown_kind, "newer_schema": stats.newer_schema,
@@ -269,9 +387,9 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     for eng in engines.values():
         for (sched, budget), n in eng.step_tokens.items():
             tokens[sched] = tokens.get(sched, 0) + n
-            share = budget_use(sched, budget)
-            if share is not None:
-                use[share] = use.get(share, 0) + n
+            use_share = budget_use(sched, budget)
+            if use_share is not None:
+                use[use_share] = use.get(use_share, 0) + n
     s.tokens_per_step = Distribution.of_counts(tokens)
     s.budget_use = Distribution.of_counts(use)
     s.scheduled_tokens = int(state.total("scheduled_tokens"))
@@ -293,6 +411,10 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
             fin.consider_worst(req)
     if fin.worst is not None:
         p.worst_preemptions, p.worst_recomputed_tokens, _, p.worst_request = fin.worst
+    per_step = _merged(e.preempted_steps for e in engines.values())
+    p.steps_with_preemptions = sum(per_step.values())
+    p.steps_with_several = sum(n for k, n in per_step.items() if k > 1)
+    p.max_per_step = max(per_step, default=0)
 
     # chunking
     c = s.chunking
@@ -310,9 +432,43 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
         c.reread_per_prefill_token = c.reread_kv_tokens / c.prefill_tokens
     c.prefix_hit_tokens = int(state.total("prefix_hit_tokens"))
 
-    # latency of finished requests
+    # prefix cache: first passes and re-admissions
+    pc = s.prefix_cache
+    pc.enabled = s.config.get("prefix_caching")
+    pc.hit_tokens = c.prefix_hit_tokens
+    pc.prompt_tokens = int(state.total("first_pass_prompt_tokens"))
+    pc.hit_share = share(pc.hit_tokens, pc.prompt_tokens)
+    pc.first_passes = int(state.total("first_passes"))
+    pc.requests_with_hits = int(state.total("requests_with_prefix_hits"))
+    pc.resumed_passes = int(state.total("resumed_passes"))
+    pc.resumed_hit_tokens = int(state.total("resumed_prefix_hit_tokens"))
+    pc.resumed_prefill_tokens = int(state.total("resumed_prefill_tokens"))
+    pc.resumed_hit_share = share(pc.resumed_hit_tokens, pc.resumed_prefill_tokens)
+
+    # queues after each step
+    s.queues = Queues(Distribution.of_counts(_merged(e.running_steps for e in engines.values())),
+                      Distribution.of_counts(_merged(e.waiting_steps for e in engines.values())))
+
+    # latency of finished requests, pooled and by class
     lat = fin.latencies
-    s.latency = Latency(*(Distribution.of(r[i] for r in lat) for i in range(5)))
+    col = {name: i for i, name in enumerate(_Finished.FIELDS)}
+    s.latency = Latency(**{name: Distribution.of(r[col[name]] for r in lat)
+                           for name in ("queue_s", "ttft_s", "ttft_steps", "decode_s", "itl_s", "e2e_s")})
+    s.latency_classes = _prompt_classes(lat, col, boundaries, s.config.get("max_num_batched_tokens"))
+    s.requests_by_priority = _merged(e.priorities for e in engines.values())
+    s.latency_by_priority = _priority_classes(lat, col)
+
+    # what the user's settings file expected
+    expected = meta.get("expected")
+    if isinstance(expected, dict):
+        seen: dict[str, dict] = {}
+        for eng in engines.values():
+            for name, values in eng.sampling_seen.items():
+                seen[name] = _merged([seen.get(name, {}), values])
+        checks = (check_expected(expected.get("engine") or {}, state.config)
+                  + check_model(expected.get("model"))
+                  + check_sampling(expected.get("sampling") or {}, seen))
+        s.expected = {"source": expected.get("source"), "checks": [asdict(ch) for ch in checks]}
 
     # which limit bound the steps
     counts = {k: 0 for k in LIMITS}
@@ -328,3 +484,48 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     s.probe_hooks_disabled = sorted({h for eng in engines.values() for h in eng.hooks_disabled})
     s.probe_hook_errors = sum(eng.hook_errors for eng in engines.values())
     return s
+
+
+def _merged(hists: Iterable[dict]) -> dict:
+    """Histograms ``{value: count}`` added up."""
+    out: dict = {}
+    for hist in hists:
+        for k, n in hist.items():
+            out[k] = out.get(k, 0) + n
+    return out
+
+
+def _latency_class(name: str, low: int | None, high: int | None, rows: list[tuple], col: dict) -> LatencyClass:
+    def dist(field_name: str) -> Distribution:
+        return Distribution.of(r[col[field_name]] for r in rows)
+    return LatencyClass(name, low, high, len(rows), dist("queue_s"), dist("ttft_s"), dist("ttft_steps"), dist("e2e_s"))
+
+
+def _prompt_classes(lat: list[tuple], col: dict, boundaries: list[int] | None, budget: int | None) -> LatencyClasses:
+    basis = "given"
+    if boundaries is None:
+        basis = "token budget" if budget else "default"
+        boundaries = default_boundaries(budget)
+    names = class_names(len(boundaries) + 1)
+    lows = [1] + [b + 1 for b in boundaries]
+    highs: list[int | None] = [*boundaries, None]
+    rows: list[list[tuple]] = [[] for _ in names]
+    i_len = col["prompt_len"]
+    for r in lat:
+        if r[i_len] is not None:
+            rows[bisect.bisect_left(boundaries, r[i_len])].append(r)
+    return LatencyClasses("prompt_len", list(boundaries), basis,
+                          [_latency_class(n, lo, hi, rs, col) for n, lo, hi, rs in zip(names, lows, highs, rows)])
+
+
+def _priority_classes(lat: list[tuple], col: dict) -> list[LatencyClass]:
+    i_pri = col["priority"]
+    by: dict[int, list[tuple]] = {}
+    for r in lat:
+        if r[i_pri] is not None:
+            by.setdefault(r[i_pri], []).append(r)
+    if len(by) < 2:
+        return []
+    kept = sorted(sorted(by, key=lambda p: -len(by[p]))[:PRIORITY_CLASSES_MAX])
+    return [_latency_class(f"priority {p}", p, p, by[p], col) for p in kept]
+
