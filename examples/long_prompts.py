@@ -14,7 +14,9 @@ requests' outputs outgrow the free blocks. About 30 s here, engine start include
 so prefix caching cannot merge them.
 
 ``--scenario configs/scenarios/NAME.yaml`` takes engine and workload settings from a
-scenario file (see configs/scenarios/); command-line flags given explicitly win.
+scenario file (see configs/scenarios/); command-line flags given explicitly win. In a
+scenario file, ``prompt_tokens``, ``max_tokens`` and ``priority`` may be lists: request
+``i`` takes item ``i`` modulo the list's length (a mix of long and short prompts).
 """
 
 from __future__ import annotations
@@ -35,9 +37,16 @@ DEFAULTS = {
     "max_model_len": 2048,
     "enable_chunked_prefill": True,
     "enable_prefix_caching": False,
+    "scheduling_policy": "fcfs",
     "shared_prefix_tokens": 0,
+    "priority": 0,
     "seed": 0,
 }
+
+
+def per_request(value, i: int):
+    """Item ``i`` of a per-request setting: a list is cycled, a single value is everyone's."""
+    return value[i % len(value)] if isinstance(value, list) else value
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -54,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-prefix-tokens", type=int, help="leading tokens shared by all prompts")
     p.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", default=None)
     p.add_argument("--enable-prefix-caching", action="store_true", default=None)
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"))
     p.add_argument("--seed", type=int)
     p.add_argument("--print-token-ids", action="store_true",
                    help="print each request's output token ids (used to compare runs)")
@@ -98,18 +108,23 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=cfg["max_num_seqs"],
         enable_chunked_prefill=cfg["enable_chunked_prefill"],
         enable_prefix_caching=cfg["enable_prefix_caching"],
+        scheduling_policy=cfg["scheduling_policy"],
         num_gpu_blocks_override=cfg["num_kv_blocks"],
         gpu_memory_utilization=0.3,  # CPU backend: share of the NUMA node's memory
     )
     shared = [5 + i % 400 for i in range(cfg["shared_prefix_tokens"])]
+    n = cfg["num_prompts"]
     prompts = [
         TokensPrompt(prompt_token_ids=shared + [3 + (i * 7919 + j * 31) % 500
-                                                for j in range(cfg["prompt_tokens"] - len(shared))])
-        for i in range(cfg["num_prompts"])
+                                                for j in range(per_request(cfg["prompt_tokens"], i) - len(shared))])
+        for i in range(n)
     ]
-    params = SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True, seed=cfg["seed"])
+    params = [SamplingParams(temperature=0.0, max_tokens=per_request(cfg["max_tokens"], i), ignore_eos=True,
+                             seed=cfg["seed"]) for i in range(n)]
+    priority = [per_request(cfg["priority"], i) for i in range(n)]
     t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    outputs = llm.generate(prompts, params, use_tqdm=False,
+                           priority=priority if cfg["scheduling_policy"] == "priority" else None)
     elapsed = time.perf_counter() - t0
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(f"{len(outputs)} requests, {generated} output tokens in {elapsed:.1f} s "

@@ -96,3 +96,102 @@ def test_larger_budget_means_fewer_steps_and_chunks(quick_run, probe_run):
     data = json.loads(r.stdout)
     row = next(x for x in data["figures"] if x["path"] == "steps")
     assert row["values"] == [s.steps, l.steps] and row["deltas"][0]["verdict"] == "better"
+
+
+# -- what to trust: step figures first, seconds judged against the runs' own noise ------------
+
+
+def _slowed(stream, factor: float):
+    """The same events with every time after the first stretched by ``factor`` (a run
+    that got less CPU: the same decisions, more seconds)."""
+    t0 = stream.events[0]["ts"]
+    for ev in stream.events:
+        for key in ("ts", "arrival_ts"):
+            if key in ev:
+                ev[key] = t0 + (ev[key] - t0) * factor
+    return stream
+
+
+def test_same_decisions_slower_clock_reads_same_and_within_noise(tmp_path):
+    from tests._events import scenario_preempt
+    from vllm_probe.analysis.compare import GROUPS, itl_spread, noise_threshold
+
+    scenario_preempt().write(tmp_path / "a")
+    _slowed(scenario_preempt(), 1.1).write(tmp_path / "b")
+    a, b = summarize(tmp_path / "a"), summarize(tmp_path / "b")
+    # inter-token times A 0.075, B 0.225, C 0.075 s: p90 0.195 = 2.6x the median
+    assert itl_spread(a) == pytest.approx(1.6) and noise_threshold(a, b) == pytest.approx(1.6)
+    data = comparison([a, b])
+    assert [g.name for g in GROUPS][:6] == ["steps", "preemptions", "chunking", "prefix cache", "queues",
+                                              "latency in steps"]  # step figures lead
+    clocks = [r["clock"] for r in data["figures"]]
+    assert clocks.index("wall") > max(i for i, c in enumerate(clocks[:clocks.index("wall")]) if c == "steps")
+    ttft = next(r for r in data["figures"] if r["path"] == "latency.ttft_s.median")
+    assert ttft["deltas"][0]["rel"] == pytest.approx(0.1) and ttft["deltas"][0]["noisy"] is True
+    verdicts = {v["group"]: v["verdict"] for v in data["verdicts"]}
+    assert verdicts == {"steps": "same", "preemptions": "same", "chunking": "same", "prefix cache": "same",
+                        "queues": "same", "latency in steps": "same", "latency in seconds": "noise",
+                        "run time": "noise", "bound": "same"}
+    r = cli("compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    verdict_lines = lines[lines.index("Verdicts") + 1:]
+    assert [line.split(":")[0] for line in verdict_lines] == [g.name for g in GROUPS]
+    assert verdict_lines[6].startswith("latency in seconds: within noise (noise ±160%) — ")
+    assert "≈ +" in next(line for line in lines if line.strip().startswith("TTFT median  "))
+
+
+def test_group_verdicts_weigh_directions_and_noise():
+    from vllm_probe.analysis.compare import verdicts
+
+    def row(section, figure, better, d, rel, verdict, noisy=None, clock="steps"):
+        return {"section": section, "figure": figure, "unit": "", "better": better, "clock": clock,
+                "values": [1, 1 + d], "deltas": [{"abs": d, "rel": rel, "verdict": verdict, "noisy": noisy,
+                                                   "threshold": 0.2 if clock == "wall" else None}]}
+    rows = [
+        row("preemptions", "preemptions", "lower", -12, -0.8, "better"),
+        row("preemptions", "discarded tokens", "lower", -900, -0.5, "better"),
+        row("chunking", "chunks/prompt mean", "lower", -1, -0.3, "better"),
+        row("chunking", "KV tokens re-read", "lower", 500, 0.1, "worse"),
+        row("latency in seconds", "TTFT median", "lower", 0.3, 0.15, "worse", True, "wall"),
+        row("run time", "duration", "lower", 2.0, 0.5, "worse", False, "wall"),
+        row("run time", "output tokens/s", "higher", -10, -0.05, "worse", True, "wall"),
+    ]
+    got = {v.group: v for v in verdicts(rows, 2)}
+    assert got["preemptions"].verdict == "better"
+    assert [c["figure"] for c in got["preemptions"].changes] == ["preemptions", "discarded tokens"]
+    assert got["chunking"].verdict == "mixed"
+    assert got["latency in seconds"].verdict == "noise" and got["latency in seconds"].noise == 0.2
+    assert got["run time"].verdict == "worse"  # the duration moved beyond noise; tokens/s did not
+    assert [c["figure"] for c in got["run time"].changes] == ["duration"]
+    assert got["steps"].verdict == "unknown"
+
+
+@requires_vllm
+@pytest.mark.engine
+def test_compare_verdicts_on_two_real_runs(quick_run, probe_run):
+    from vllm_probe.analysis.compare import itl_spread
+
+    small, large = summarize(quick_run), summarize(probe_run(*with_budget(LARGE_BUDGET)))
+    r = cli("compare", str(quick_run), str(probe_run(*with_budget(LARGE_BUDGET))), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    got = {v["group"]: v for v in data["verdicts"]}
+    # a 600-token prompt takes 3 chunks at 256 and 1 at 1,024: fewer chunks, nothing re-read
+    assert got["chunking"]["verdict"] == "better"
+    assert {c["figure"] for c in got["chunking"]["changes"]} >= {"chunks/prompt mean", "KV tokens re-read"}
+    median = next(r for r in data["figures"] if r["path"] == "latency.ttft_steps.median")
+    assert median["deltas"][0]["verdict"] == "better"
+    assert got["latency in steps"]["verdict"] in ("better", "mixed")
+    # seconds are judged against the larger inter-token spread of the two runs
+    threshold = max(x for x in (itl_spread(small), itl_spread(large)) if x is not None)
+    assert data["noise"]["threshold"] == [pytest.approx(threshold)]
+    for row in data["figures"]:
+        d = row["deltas"][0]
+        if row["clock"] == "wall" and d["rel"] is not None and d["abs"]:
+            assert d["noisy"] == (abs(d["rel"]) <= threshold), row["figure"]
+        if row["clock"] == "steps":
+            assert d["noisy"] is None
+    assert got["latency in seconds"]["noise"] == pytest.approx(threshold)
+    text = cli("compare", str(quick_run), str(probe_run(*with_budget(LARGE_BUDGET)))).stdout
+    assert "chunking: better — " in text and "step figures: reliable on any machine" in text

@@ -176,7 +176,7 @@ def test_plain_lines():
             out.append(line)
     assert len(out) == 8 + 1  # 8 steps, 1 preemption
     assert out[0] == ("+1.100s step 0 | 8/8 tok 100% | prefill 8 tok 1 req | decode 0 tok 0 req | "
-                      "run 1 wait 1 | kv 20% | preempted 0 (total 0)")
+                      "run 1 wait 1 | kv 20% free 10 blk | preempted 0 (total 0)")
     pre = next(line for line in out if " preempt " in line)
     assert pre == ("+1.399s preempt step 3 | req B | discarded 5 tok | prompt 4 out 2 | x1 | kv 100% | "
                    "run 1 wait 1")

@@ -56,6 +56,21 @@ class CliError(Exception):
         self.code = code
 
 
+def by_arg(text: str) -> list[int]:
+    """argparse ``type`` of ``--by``: ``prompt_len:512,2048`` → the class boundaries in
+    tokens (``prompt_len`` alone: ``[]``, the defaults)."""
+    key, _, values = text.partition(":")
+    if key.strip() != "prompt_len":
+        raise argparse.ArgumentTypeError(f"{text!r}: only prompt_len classes, e.g. prompt_len:512,2048")
+    try:
+        bounds = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: boundaries are token counts, e.g. prompt_len:512,2048") from None
+    if any(b <= 0 for b in bounds):
+        raise argparse.ArgumentTypeError(f"{text!r}: boundaries must be > 0")
+    return sorted(set(bounds))
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null: the reader of a pipe went away (``... | head``), and
     Python's final flush must not complain about it."""

@@ -14,18 +14,25 @@ import argparse
 from ..analysis.compare import comparison
 from ..analysis.summary import summarize
 from ..runs.rundir import resolve_run_dir
-from . import CliError, print_json, print_report
+from . import CliError, by_arg, print_json, print_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run directories; the first is the baseline")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                   help="two or more run directories; the first is the baseline")
     p.add_argument("--json", action="store_true", help="print the runs' summaries and differences as JSON")
+    p.add_argument("--by", type=by_arg, metavar="prompt_len:A,B",
+                   help="latency classes by prompt length with these boundaries in tokens "
+                        "(default: from the baseline's token budget, the same for every run)")
 
 
 def main(args: argparse.Namespace) -> int:
     if len(args.run_dirs) < 2:
         raise CliError("compare needs at least two run directories")
-    summaries = [summarize(d) for d in [resolve_run_dir(d) for d in args.run_dirs]]
+    dirs = [resolve_run_dir(d) for d in args.run_dirs]
+    # every run is split at the same prompt lengths: the baseline's (or the given) boundaries
+    base = summarize(dirs[0], boundaries=args.by or None)
+    summaries = [base] + [summarize(d, boundaries=base.latency_classes.boundaries) for d in dirs[1:]]
     if args.json:
         print_json(comparison(summaries))
     else:

@@ -15,17 +15,20 @@ import sys
 
 from ..analysis.summary import summarize
 from ..runs.rundir import resolve_run_dir
-from . import print_json, print_report
+from . import by_arg, print_json, print_report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
                    help="run directory (default: the latest under ./vllm-probe-runs/)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--by", type=by_arg, metavar="prompt_len:A,B",
+                   help="latency classes by prompt length with these boundaries in tokens "
+                        "(default: a quarter of the token budget and the token budget)")
 
 
 def main(args: argparse.Namespace) -> int:
-    s = summarize(resolve_run_dir(args.run_dir))
+    s = summarize(resolve_run_dir(args.run_dir), boundaries=args.by or None)
     if args.json:
         print_json(s.to_dict())
     else:

@@ -12,7 +12,8 @@ Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Layout:
   (``thread_sort_index``), holding, in order:
 
   - ``queued``: arrival (``request_added.arrival_ts``) → the step that scheduled its
-    first chunk; ``queued (preempted)`` after a preemption until readmission;
+    first chunk (args: ``prompt_len``, ``max_tokens``, ``priority``); ``queued
+    (preempted)`` after a preemption until readmission;
   - one complete slice per prefill chunk, ``prefill [start, end)`` or, in a pass that
     recomputes after a preemption, ``recompute [start, end)``, lasting from the end of
     the ``schedule()`` call that scheduled it (the step event's ``ts``) to the start of
@@ -310,7 +311,8 @@ class TraceBuilder(StateListener):
         tr = self._track(eng, req)
         t = self._us(ev.ts)
         start = self._us(req.arrival_ts) if req.arrival_ts is not None else t
-        self._open(eng, tr, "queued", min(start, t), {"prompt_len": ev.prompt_len, "max_tokens": ev.max_tokens})
+        self._open(eng, tr, "queued", min(start, t),
+                   {"prompt_len": ev.prompt_len, "max_tokens": ev.max_tokens, "priority": ev.priority})
 
     def on_chunk(self, state: EngineState, req: RequestState, ev: Any) -> None:
         eng = self.engines[state.engine]

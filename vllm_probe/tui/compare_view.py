@@ -1,7 +1,8 @@
-"""Runs side by side (``vllm-probe compare``): the config and command differences, then
-each figure of :data:`~vllm_probe.analysis.compare.FIGURES` per run with its delta
-against the first, green when better and red when worse. Computation lives in
-:mod:`vllm_probe.analysis.compare`.
+"""Runs side by side (``vllm-probe compare``): the config, command and settings-file
+differences, then the figures per run with their delta against the first — step
+figures first (reliable anywhere), wall-clock ones after, their deltas marked ``≈``
+when within the runs' own noise — and a one-line verdict per group of figures.
+Computation lives in :mod:`vllm_probe.analysis.compare`.
 """
 
 from __future__ import annotations
@@ -10,30 +11,30 @@ from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Group
+from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.compare import FIGURES, Figure, command_differences, config_differences, delta
+from ..analysis.compare import GROUPS, STEPS, WALL, comparison
 from ..analysis.summary import Summary
-from .format import figure
+from .format import figure, pct, prompt_class, signed
+
+#: How a group's verdict reads, and its style.
+_VERDICT = {"better": ("better", "green"), "worse": ("worse", "red"), "mixed": ("mixed", "yellow"),
+            "same": ("no change", "dim"), "noise": ("within noise", "dim"), "unknown": ("nothing to compare", "dim"),
+            "changed": ("changed", "yellow")}
 
 
-def _fmt_delta(f: Figure, base: Any, value: Any) -> Text:
-    d, rel, verdict = delta(f, base, value)
-    if d is None:
+def _fmt_delta(row: dict, i: int) -> Text:
+    d = row["deltas"][i]
+    if d["abs"] is None:
         return Text("")
-    if verdict == "same":
+    if d["verdict"] == "same":
         return Text("=", style="dim")
-    unit = "" if f.unit == "%" else f.unit
-    if f.unit == "%":
-        text = f"{d * 100:+.1f} pt"
-    else:
-        text = ("+" if d > 0 else "-") + figure(abs(d), unit)
-        if rel is not None:
-            text += f" ({rel * 100:+.0f}%)"
-    text = text.replace("-", "−")  # a real minus sign, as wide as the plus
-    style = {"better": "green", "worse": "red"}.get(verdict or "", "")
+    text = signed(d["abs"], d["rel"], row["unit"])
+    if d["noisy"]:
+        return Text("≈ " + text, style="dim")
+    style = {"better": "green", "worse": "red"}.get(d["verdict"] or "", "")
     return Text(text, style=style)
 
 
@@ -44,8 +45,25 @@ def _labels(summaries: list[Summary]) -> list[str]:
     return names
 
 
-def render(summaries: list[Summary]) -> Group:
-    """Config differences, then the figures side by side with deltas against run 1."""
+def verdict_line(v: dict, label: str) -> Text:
+    """One group's verdict: ``preemptions: better — preemptions −3 (−75%), …``."""
+    word, style = _VERDICT.get(v["verdict"], (v["verdict"], ""))
+    text = Text.assemble((f"{label} " if label else "", "dim"), (f"{v['group']}: ", "bold"), (word, style),
+                         no_wrap=True, overflow="ellipsis")
+    if v["clock"] == WALL:
+        text.append(f" (noise ±{pct(v['noise'])})" if v["noise"] is not None else " (noise not measured)", style="dim")
+    changes = [c for c in v["changes"] if c["abs"] is not None]
+    if changes and v["verdict"] not in ("same", "unknown"):
+        shown = [f"{c['figure']} {signed(c['abs'], c['rel'], c['unit'])}" + (" ≈" if c["noisy"] else "")
+                 for c in changes]
+        text.append(" — " + ", ".join(shown))
+    return text
+
+
+def render(summaries: list[Summary]) -> RichGroup:
+    """Differences, then the figures side by side with deltas against run 1, then the
+    verdicts per group."""
+    data = comparison(summaries)
     labels = _labels(summaries)
     parts: list[Any] = [Text("vllm-probe compare", style="bold")]
     for i, (label, s) in enumerate(zip(labels, summaries)):
@@ -56,13 +74,18 @@ def render(summaries: list[Summary]) -> Group:
     cfg.add_column("setting", style="dim")
     for i in range(len(summaries)):
         cfg.add_column(f"[{i + 1}]", justify="right")
-    diffs = config_differences(summaries)
+    diffs = data["config_differences"]
     for key, values in diffs.items():
         cfg.add_row(key, *[figure(v) for v in values])
-    cmd = command_differences(summaries)
+    cmd = data["command_differences"]
     if cmd:
         cfg.add_row("command", *cmd)
-    if not diffs and not cmd:
+    expected = data["expected_differences"]
+    if expected and any(expected):
+        cfg.add_row("settings file ≠ run", *[
+            "; ".join(f"{c['setting']} {figure(c['expected'])}→{figure(c['effective'])}" for c in run) or "as expected"
+            if s.expected else "(no file)" for run, s in zip(expected, summaries)])
+    if not diffs and not cmd and not (expected and any(expected)):
         cfg.add_row("(none)", *["" for _ in summaries])
     parts.append(cfg)
     workload = {(s.requests_finished + s.requests_unfinished, s.prompt_tokens) for s in summaries}
@@ -70,22 +93,48 @@ def render(summaries: list[Summary]) -> Group:
         parts.append(Text("note: the runs served different workloads (request count or prompt tokens differ)",
                           style="yellow"))
 
+    spreads = data["noise"]["itl_spread"]
+    parts.append(Text(
+        "Step figures count the scheduler's decisions: the same on a busy or an idle machine. Seconds also measure "
+        "how much CPU each run got; inter-token spread within each run (p90/median − 1): "
+        + ", ".join(f"[{i + 1}] {pct(x)}" for i, x in enumerate(spreads))
+        + "; a wall-clock delta no larger than the larger of the two is marked ≈ (within noise).", style="dim"))
+
     t = Table(title="Figures", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
               pad_edge=False)
-    t.add_column("", style="dim", no_wrap=True)
+    t.add_column("", no_wrap=True)
     t.add_column("[1]", justify="right", no_wrap=True)
     for i in range(1, len(summaries)):
         t.add_column(f"[{i + 1}]", justify="right", no_wrap=True)
         t.add_column(f"Δ [{i + 1}]−[1]", justify="right", no_wrap=True)
-    section = None
-    for f in FIGURES:
-        if section is not None and f.section != section:
+    clock_said = None
+    for g in GROUPS:
+        rows = [r for r in data["figures"] if r["section"] == g.name]
+        if not rows:
+            continue
+        if clock_said is not None:
             t.add_section()
-        section = f.section
-        values = [f.get(s) for s in summaries]
-        cells: list[Any] = [figure(values[0], f.unit)]
-        for v in values[1:]:
-            cells += [figure(v, f.unit), _fmt_delta(f, values[0], v)]
-        t.add_row(f.label, *cells)
+        if g.clock != clock_said:
+            header = ("step figures: reliable on any machine" if g.clock == STEPS and clock_said is None else
+                      "seconds: noisy on a shared machine" if g.clock == WALL else "")
+            clock_said = g.clock
+        else:
+            header = ""
+        t.add_row(Text.assemble((g.name, "bold"), (f"  {header}" if header else "", "italic dim")),
+                  *["" for _ in range(2 * len(summaries) - 1)])
+        for r in rows:
+            cells: list[Any] = [figure(r["values"][0], r["unit"])]
+            for i, v in enumerate(r["values"][1:]):
+                cells += [figure(v, r["unit"]), _fmt_delta(r, i)]
+            t.add_row(Text("  " + r["figure"], style="dim"), *cells)
     parts.append(t)
-    return Group(*parts)
+    classes = [c for c in summaries[0].latency_classes.classes]
+    if any(r["path"].startswith("latency_classes.") for r in data["figures"]):
+        parts.append(Text("prompt classes (the baseline's): " + ", ".join(prompt_class(c) for c in classes)
+                          + " tokens", style="dim"))
+
+    parts.append(Text("Verdicts", style="bold underline"))
+    for v in data["verdicts"]:
+        label = f"[{v['run'] + 1}] vs [1]" if len(summaries) > 2 else ""
+        parts.append(verdict_line(v, label))
+    return RichGroup(*parts)

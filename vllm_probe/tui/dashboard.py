@@ -8,17 +8,21 @@ figures (:mod:`vllm_probe.analysis.figures`), every number reads as in the other
 Panels:
 
 * header — command, run status, vLLM version, the effective scheduler config
-  (``engine_config``), elapsed time, step rate, time inside ``schedule()``, events read
+  (``engine_config``; with prefix caching on, its hits so far), elapsed time, the
+  longest running and waiting queues so far, step rate, time inside ``schedule()``, events read
   and lines skipped;
 * current step — scheduled tokens against the token budget, split into prefill and
   decode; running and waiting queues; KV-cache use; which limit held the step back
   (one row per engine core when there are several data-parallel ranks);
 * rolling chart of the last steps — prefill and decode tokens per step stacked
   against the token budget (the chart's top), KV-cache use and the waiting queue;
-* preemptions — total, rate, discarded and recomputed tokens, latest preemptions;
+* preemptions — total, rate, discarded and recomputed tokens (with prefix caching on,
+  what the prefix cache served to re-admissions), latest preemptions;
 * prefills in flight — per request a progress bar of the pass, chunk i, ``[start, end)``;
 * requests — most interesting first: preempted, prefilling, longest waiting, decoding
-  (preempted ones first), then recently finished;
+  (preempted ones first), then recently finished; a ``prio`` column when the requests'
+  priorities differ or the policy is ``priority``. Request ids too long for the column
+  end in ``…``: what is shown is a prefix every command taking an id accepts;
 * compact — a few lines of key figures for terminals below the full dashboard's size.
 """
 
@@ -35,7 +39,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.figures import budget_use
+from ..analysis.figures import budget_use, share
 from ..analysis.state import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, EngineState, RequestState, RunState, WindowStats
 from ..runs.reader import ReadStats
 from ..schema.records import EngineConfigEvent, StepEvent
@@ -117,6 +121,14 @@ def _table(columns: Sequence[tuple[str, str, str]], rows: Sequence[Sequence[Any]
 # -- sections -----------------------------------------------------------------------------
 
 
+def _prefix_hits(state: RunState, cfg: Any) -> list[Any]:
+    """`` (37% of prompt tok hit)`` with prefix caching on (re-admissions: preemption panel)."""
+    hit_share = state.prefix_hit_share()
+    if not cfg.prefix_caching or hit_share is None:
+        return []
+    return [(" (", "dim"), (pct(hit_share), "bold"), (" of prompt tok hit)", "dim")]
+
+
 def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: View, now: float,
             compact: bool = False) -> tuple[Panel, int]:
     cmd = " ".join(str(c) for c in meta.get("command") or []) or view.run_dir or "?"
@@ -141,7 +153,7 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
              if cfg.long_prefill_token_threshold else ""), sep(),
             ("KV cache ", "dim"), (kv_main, "bold"), (" " + kv_detail, "dim"), sep(),
             ("policy ", "dim"), cfg.scheduling_policy or "?", sep(),
-            ("prefix caching ", "dim"), "on" if cfg.prefix_caching else "off", sep(),
+            ("prefix caching ", "dim"), "on" if cfg.prefix_caching else "off", *_prefix_hits(state, cfg), sep(),
             ("async scheduling ", "dim"), "on" if cfg.async_scheduling else "off",
         ]
         if compact:
@@ -165,6 +177,9 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
                         *([(" in ", "dim"), duration(stepping)] if stepping is not None else []), sep(),
                         f"{step_rate:.1f}" if step_rate else UNKNOWN, (" steps/s recent", "dim"), sep(),
                         ("schedule() ", "dim"), micros(sched_mean), (" mean, ", "dim"), micros(sched_max), (" max", "dim")]
+    if state.engines:  # the longest queues of the whole run (the chart shows recent steps only)
+        parts += [sep(), ("most running ", "dim"), count(max((e.running_max or 0) for e in state.engines.values())),
+                  (" waiting ", "dim"), count(max((e.waiting_max or 0) for e in state.engines.values()))]
     warnings: list[Any] = []
     if stats is not None:
         parts += [sep(), (count(stats.events), ""), (" events", "dim")]
@@ -323,7 +338,13 @@ def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: 
                  ("recomputed so far ", "dim"), (f"{count(recomputed)} tok", "bold"))
     items: list[RenderableType] = [summary, work]
     height = 4
-    room = rows - 5  # borders, summary lines, table header
+    readmitted = sum(e.resumed_passes for e in engines)
+    if readmitted and any(e.config is not None and e.config.prefix_caching for e in engines):
+        hits, redo = sum(e.resumed_prefix_hit_tokens for e in engines), sum(e.resumed_prefill_tokens for e in engines)
+        items.append(line(("re-admitted ", "dim"), count(readmitted), sep(), ("prefix-cache hits ", "dim"),
+                          (f"{count(hits)} of {count(redo)} tok", "bold"), (f" ({pct(share(hits, redo))})", "dim")))
+        height += 1
+    room = rows - height - 1  # borders, summary lines, table header
     recent = heapq.nlargest(max(min(room, max_rows), 0),
                             (ev for e in engines for ev in e.recent_preempts), key=lambda ev: ev.ts)
     if recent:
@@ -416,7 +437,10 @@ def requests_panel(engines: list[EngineState], now: float, width: int, rows: int
             counts[k] = counts.get(k, 0) + v
     finished = sum(e.requests_finished for e in engines)
     full = width >= 100  # narrower: drop computed, chunks and TTFT in steps
-    cols = [("request", "left", ""), ("state", "left", ""), ("prompt", "right", ""), ("computed", "right", ""),
+    priority = any(e.priorities_vary for e in engines) or any(
+        e.config is not None and e.config.scheduling_policy == "priority" for e in engines)
+    cols = [("request", "left", ""), ("state", "left", ""), *((("prio", "right", ""),) if priority else ()),
+            ("prompt", "right", ""), ("computed", "right", ""),
             ("output", "right", ""), ("chunks", "right", ""), ("preempt", "right", ""), ("queue", "right", ""),
             ("TTFT", "right", ""), ("TTFT steps", "right", "")]
     if not full:
@@ -441,6 +465,7 @@ def requests_panel(engines: list[EngineState], now: float, width: int, rows: int
         if r.phase == FINISHED:
             phase = f"done ({r.finish_reason})" if r.finish_reason and full else "done"
         cells = {"dp": str(r.engine), "request": r.req_id, "state": Text(phase, style=PHASE_STYLE.get(r.phase, "")),
+                 "prio": count(r.priority),
                  "prompt": count(r.prompt_len), "computed": comp_s, "output": out_s, "chunks": count(r.chunks),
                  "preempt": Text(count(r.preemptions), style="red" if r.preemptions else "dim"),
                  "queue": queue, "TTFT": duration(r.ttft_s), "TTFT steps": count(r.ttft_steps)}

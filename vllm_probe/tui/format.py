@@ -80,6 +80,41 @@ def figure(value: Any, unit: str = "") -> str:
     return number(value)
 
 
+def signed(d: float, rel: float | None, unit: str = "") -> str:
+    """A delta by its figure's unit: ``+1.20 s (+40%)``, ``−3 (−12%)``; shares (``%``)
+    in percentage points, ``+5.0 pt``. Minus is a real minus sign, as wide as the plus."""
+    if unit == "%":
+        text = f"{d * 100:+.1f} pt"
+    else:
+        text = ("+" if d > 0 else "-") + figure(abs(d), unit)
+        if rel is not None:
+            text += f" ({rel * 100:+.0f}%)"
+    return text.replace("-", "−")
+
+
+def triple(d: Any, unit: str = "") -> str:
+    """A distribution's median, p90 and max: ``4 · 5 · 16``."""
+    return f"{figure(d.median, unit)} · {figure(d.p90, unit)} · {figure(d.max, unit)}"
+
+
+def share_of(part: int | None, whole: int | None, unit: str = "tok") -> str:
+    """A part of a whole with its share: ``22,800 of 24,576 prompt tok (93%)``; ``0`` when
+    the whole is 0 or unknown."""
+    if not whole:
+        return count(part or 0)
+    return f"{count(part)} of {count(whole)} {unit} ({pct((part or 0) / whole)})"
+
+
+def prompt_class(c: Any) -> str:
+    """A prompt-length class (:class:`~vllm_probe.analysis.summary.LatencyClass`) with its
+    bounds in tokens: ``short ≤256``, ``medium 257–1,024``, ``long >1,024``."""
+    if c.high is None:
+        return f"{c.name} >{count(c.low - 1)}"
+    if c.low is None or c.low <= 1:
+        return f"{c.name} ≤{count(c.high)}"
+    return f"{c.name} {count(c.low)}–{count(c.high)}"
+
+
 def kv_capacity(capacity_tokens: int | None, blocks: int | None, block_size: int | None) -> tuple[str, str]:
     """The KV cache of an ``engine_config`` as ``("8,064 tok", "(64 blocks × 128, 1
     reserved)")``: vLLM reserves block 0 (the null block), so the capacity is

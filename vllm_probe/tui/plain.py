@@ -3,10 +3,13 @@
 For pipes, logs and ``grep``. Every line starts with the event's time since the run's
 first event (``+12.345s``, seconds), then its kind::
 
-    +1.205s step 36 | 1024/1024 tok 100% | prefill 1000 tok 2 req | decode 24 tok 24 req | run 24 wait 8 | kv 87% | preempted 0 (total 1)
+    +1.205s step 36 | 1024/1024 tok 100% | prefill 1000 tok 2 req | decode 24 tok 24 req | run 24 wait 8 | kv 87% free 9 blk | preempted 0 (total 1)
     +1.204s preempt step 36 | req 4-98ba3ee3 | discarded 1014 tok | prompt 1536 out 0 | x1 | kv 95% | run 4 wait 12
 
-With several engine cores (data-parallel ranks) the kind is followed by ``dpN``.
+With several engine cores (data-parallel ranks) the kind is followed by ``dpN``. When
+the engine has prefix caching on, step lines also say how many prompt tokens the
+prefix cache served to the chunks of that step (``| hit 256 tok |`` before
+``preempted``; first passes and re-admissions alike).
 Other event kinds print nothing. Numbers carry no thousands separators (easy to parse);
 shares read as everywhere else (:func:`vllm_probe.tui.format.pct`). Running totals come
 from the state the record was just applied to (:mod:`vllm_probe.analysis.state`).
@@ -56,14 +59,15 @@ class PlainFormatter:
 
     def _step(self, ev: Any) -> str:
         preempted = len(ev.preempted or ())
-        total = self.state.engines[ev.engine].step_preemptions
+        eng = self.state.engines[ev.engine]
         sched, budget = ev.scheduled_tokens or 0, ev.token_budget
+        hits = f"hit {eng.step_prefix_hits} tok | " if eng.config is not None and eng.config.prefix_caching else ""
         return (f"{self._t(ev.ts)} step{self._engine(ev)} {_v(ev.step)} | {sched}/{_v(budget or None)} tok "
                 f"{_pct(budget_use(sched, budget))} | "
                 f"prefill {_v(ev.prefill_tokens)} tok {_v(ev.prefill_reqs)} req | "
                 f"decode {_v(ev.decode_tokens)} tok {_v(ev.decode_reqs)} req | "
-                f"run {_v(ev.running)} wait {_v(ev.waiting)} | kv {_pct(ev.kv_usage)} | "
-                f"preempted {preempted} (total {total})")
+                f"run {_v(ev.running)} wait {_v(ev.waiting)} | kv {_pct(ev.kv_usage)} free {_v(ev.free_blocks)} blk | "
+                f"{hits}preempted {preempted} (total {eng.step_preemptions})")
 
     def _preempt(self, ev: Any) -> str:
         reason = ev.reason

@@ -12,9 +12,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.expected import DIFFERS, MATCHES, NOT_V1
 from ..analysis.figures import Distribution
-from ..analysis.summary import Summary
-from .format import UNKNOWN, count, figure, kv_capacity
+from ..analysis.summary import LatencyClass, LatencyClasses, Summary
+from .format import UNKNOWN, count, figure, kv_capacity, pct, prompt_class, share_of, triple
 
 
 def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -29,6 +30,73 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
 
 def _dist_row(t: Table, label: str, d: Distribution, unit: str) -> None:
     t.add_row(label, figure(d.median, unit), figure(d.p90, unit), figure(d.max, unit), str(d.n))
+
+
+#: How each status of a settings check reads, and its style.
+_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"), NOT_V1: ("not in vLLM V1", "dim")}
+
+
+def expected_table(s: Summary) -> Table | None:
+    """The user's settings file against this run (seed §5), one row per setting; None
+    when the run was started without one."""
+    if not s.expected or not s.expected.get("checks"):
+        return None
+    checks = s.expected["checks"]
+    differs = sum(1 for c in checks if c["status"] == DIFFERS)
+    title = f"Settings file {s.expected.get('source')} vs this run" + (
+        f": {differs} differ" if differs else ": no difference")
+    t = Table(title=title, title_justify="left", title_style="bold underline" + (" yellow" if differs else ""),
+              box=None, pad_edge=False, padding=(0, 2))
+    for col, justify in (("setting", "left"), ("file", "right"), ("this run", "right"), ("", "left")):
+        t.add_column(col, justify=justify, style="dim" if col == "setting" else None, no_wrap=col != "")
+    for c in checks:
+        status, style = _CHECK_TEXT.get(c["status"], ("not recorded", "dim"))
+        note = c.get("note") or ""
+        if c["status"] == DIFFERS and c.get("section") == "engine":
+            note = "the command line or the script wins over a config file (seed §5)"
+        effective = c["effective"]
+        shown = ", ".join(figure(v) for v in effective) if isinstance(effective, list) else figure(effective)
+        name = c["setting"] if c.get("section") != "sampling" else f"sampling.{c['setting']}"
+        t.add_row(name, figure(c["expected"]), shown,
+                  Text.assemble((status, style), (f"  {note}" if note else "", "dim")))
+    return t
+
+
+def _class_table(title: str, classes: list[LatencyClass], label) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold underline", box=box.SIMPLE, pad_edge=False)
+    t.add_column("", style="dim", no_wrap=True)
+    for col in ("n", "queue med", "TTFT med", "TTFT p90", "TTFT steps med", "end-to-end med", "end-to-end p90"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for c in classes:
+        if not c.n:
+            continue
+        t.add_row(label(c), str(c.n), figure(c.queue_s.median, "s"), figure(c.ttft_s.median, "s"),
+                  figure(c.ttft_s.p90, "s"), figure(c.ttft_steps.median, "steps"), figure(c.e2e_s.median, "s"),
+                  figure(c.e2e_s.p90, "s"))
+    return t
+
+
+def latency_class_parts(s: Summary) -> list[Any]:
+    """Latency by prompt-length class (and by priority where it varies)."""
+    lc: LatencyClasses = s.latency_classes
+    parts: list[Any] = []
+    used = [c for c in lc.classes if c.n]
+    bounds = " and ".join(count(b) for b in lc.boundaries)
+    why = {"token budget": "budget/4 and the token budget",
+           "given": "--by", "default": "defaults; the token budget is unknown"}.get(lc.basis, lc.basis)
+    if len(used) > 1:
+        parts.append(_class_table(f"Latency by prompt length (split at {bounds} tokens: {why})", lc.classes,
+                                  prompt_class))
+    elif used:
+        parts.append(Text(f"Latency by prompt length: all {used[0].n} finished requests are {prompt_class(used[0])} "
+                          f"tokens (split at {bounds}: {why}); --by prompt_len:A,B splits elsewhere",
+                          style="dim"))
+    if s.latency_by_priority:
+        policy = s.config.get("scheduling_policy")
+        title = "Latency by priority" + ("" if policy == "priority" else
+                                         f" (the policy is {policy or 'unknown'}: priorities do not change the order)")
+        parts.append(_class_table(title, s.latency_by_priority, lambda c: c.name))
+    return parts
 
 
 def render(s: Summary, width: int = 120) -> Group:
@@ -65,7 +133,7 @@ def render(s: Summary, width: int = 120) -> Group:
         ("async · prefix caching", f"{figure(c.get('async_scheduling'))} · {figure(c.get('prefix_caching'))}"),
     ])
     steps = _kv("Steps", [
-        ("tokens/step med·p90·max", f"{figure(s.tokens_per_step.median)} · {figure(s.tokens_per_step.p90)} · {figure(s.tokens_per_step.max)}"),
+        ("tokens/step med·p90·max", triple(s.tokens_per_step)),
         ("budget use med·p90", f"{figure(s.budget_use.median, '%')} · {figure(s.budget_use.p90, '%')}"),
         ("prefill · decode tokens", f"{count(s.prefill_tokens)} · {count(s.decode_tokens)}"),
         ("prefill share", figure(s.prefill_share, "%")),
@@ -77,11 +145,32 @@ def render(s: Summary, width: int = 120) -> Group:
         # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
         ("discarded (wasted) · re-prefilled tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
         ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else UNKNOWN),
+        ("per step max · steps with >1", f"{count(p.max_per_step)} · {count(p.steps_with_several)}"
+         + (f" of {count(p.steps_with_preemptions)}" if p.steps_with_preemptions else "")),
         ("prompts chunked", f"{count(ch.chunked_prompts)} of {count(ch.prompts)}"),
         ("chunks/prompt mean·max", f"{figure(ch.chunks_per_prompt.mean)} · {figure(ch.chunks_per_prompt.max)}"),
         ("KV re-read (§3.4)", f"{count(ch.reread_kv_tokens)} tokens"
          + (f" ({ch.reread_per_prefill_token:.2f}×)" if ch.reread_per_prefill_token is not None else "")),
     ])
+    q, pc = s.queues, s.prefix_cache
+    max_seqs = c.get("max_num_seqs")
+    queues = _kv("Queues after each step", [
+        ("running med·p90·max", triple(q.running)),
+        ("running max / max_num_seqs", f"{count(q.running.max)} / {count(max_seqs)} ({pct(q.running.max / max_seqs)})"
+         if q.running.max is not None and max_seqs else UNKNOWN),
+        ("waiting med·p90·max", triple(q.waiting)),
+    ])
+    if pc.enabled is False:
+        hits = _kv("Prefix cache", [("prefix caching", "off: every prompt token computed")])
+    else:
+        hits = _kv("Prefix cache", [
+            ("hits on first passes", share_of(pc.hit_tokens, pc.prompt_tokens, "prompt tok")),
+            ("requests with a hit", f"{count(pc.requests_with_hits)} of {count(pc.first_passes)}"),
+            (f"hits on {count(pc.resumed_passes)} re-admissions",
+             share_of(pc.resumed_hit_tokens, pc.resumed_prefill_tokens, "tok to recompute"))
+            if pc.resumed_passes else ("hits on re-admission", "none preempted"),
+        ])
+
     lat = Table(title="Latency per finished request", title_justify="left", title_style="bold underline",
                 box=box.SIMPLE, pad_edge=False)
     lat.add_column("", style="dim")
@@ -93,6 +182,7 @@ def render(s: Summary, width: int = 120) -> Group:
     _dist_row(lat, "time to first token (steps)", L.ttft_steps, "steps")
     _dist_row(lat, "decode time", L.decode_s, "s")
     _dist_row(lat, "mean inter-token time", L.itl_s, "s")
+    _dist_row(lat, "end-to-end (arrival to finish)", L.e2e_s, "s")
 
     if width >= 110:
         grid = Table.grid(padding=(0, 4))
@@ -100,9 +190,14 @@ def render(s: Summary, width: int = 120) -> Group:
         grid.add_column()
         grid.add_row(run, cfg)
         grid.add_row(steps, pre)
-        parts: list[Any] = [*lines, grid, lat]
+        grid.add_row(queues, hits)
+        parts: list[Any] = [*lines, grid]
     else:
-        parts = [*lines, run, cfg, steps, pre, lat]
+        parts = [*lines, run, cfg, steps, pre, queues, hits]
+    expected = expected_table(s)
+    if expected is not None:
+        parts.insert(len(lines), expected)
+    parts += [lat, *latency_class_parts(s)]
     if s.bound_by:
         parts.append(Text("bound by (share of steps): " + " · ".join(
             f"{k} {figure(v, '%')}" for k, v in s.bound_by.items())
