@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(VENV)/bin/vllm-probe run -- $(PY) examples/long_prompts.py
+	@echo "vllm-probe is installed in $(VENV)/bin: '. $(VENV)/bin/activate' puts it on PATH in this shell; then: vllm-probe summary"
 
 test: setup
 	$(PY) -m pytest -q

@@ -132,11 +132,14 @@ def test_cli_errors_and_stdout(tmp_path, two_engines):
     assert r.returncode == 2 and "unknown event kind(s): nope" in r.stderr and r.stdout == ""
     r = cli("export", str(run), "-o", "-", "--from-step", "4", "--to-step", "1")
     assert r.returncode == 2 and "after --to-step" in r.stderr
-    r = cli("export", str(run), "-o", "-", "--request", "nobody", "--events", "chunk")
+    r = cli("export", str(run), "-o", "-", "--request", "a", "--events", "preempt")
     assert r.returncode == 1 and "no event matched" in r.stderr
-    r = cli("export", str(run), "-o", "-", "--request", "nobody")  # only the context: still no match
+    r = cli("export", str(run), "-o", "-", "--request", "a", "--from-step", "50")  # only the context: no match
     assert r.returncode == 1 and "only the engine_config context was written" in r.stderr
     assert [json.loads(line)["event"] for line in r.stdout.splitlines()] == ["engine_config"] * 2
+    r = cli("export", str(run), "-o", "-", "--request", "nobody")  # an id the run does not have: bad input
+    assert r.returncode == 2 and "no request id starts with 'nobody' (2 requests in the run)" in r.stderr
+    assert r.stdout == ""
     r = cli("export", str(run), "-o", "-", "--events", "engine_config")  # asked for: a match
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 2
     r = cli("export", str(tmp_path / "missing"))

@@ -85,7 +85,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..runs.reader import ReadStats, iter_file
-from ..runs.rundir import NoEventsError, event_files, read_meta
+from ..runs.rundir import NoEventsError, event_files, never_started_note, read_meta
 from ..schema.records import from_dict
 from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use, prefill_share, share
@@ -340,7 +340,7 @@ def summarize(run_dir: str | Path, stats: ReadStats | None = None, boundaries: I
     run_dir = Path(run_dir)
     stats = stats if stats is not None else ReadStats()
     if not event_files(run_dir):
-        raise NoEventsError(f"no event files (events-*.jsonl) in {run_dir}")
+        raise NoEventsError(f"no event files (events-*.jsonl) in {run_dir}{never_started_note(read_meta(run_dir))}")
     # RunState keeps each engine core apart, so the files need no time-ordered merge
     # (heapq.merge costs about a tenth of summary's time on a two-engine run).
     events = itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir))

@@ -21,15 +21,19 @@ Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at wor
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import os
+import shutil
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from .. import envvars
 from ..exporters.base import ExportError
-from ..runs.rundir import NoEventsError, RunDirError
+from ..runs.ids import RequestIdError
+from ..runs.rundir import NoEventsError, RunDirError, resolve_run_dir
 from ..settings import SettingsError
 
 #: subcommand -> (module, one-line help). Each module has add_arguments(p) and main(args) -> int.
@@ -56,6 +60,22 @@ class CliError(Exception):
         self.code = code
 
 
+def path_arg(text: str) -> str:
+    """argparse ``type`` of every path argument: ``~`` expanded (the shell leaves
+    ``--out=~/runs`` alone). ``-`` (stdout) stays as it is."""
+    return os.path.expanduser(text)
+
+
+def run_dir_arg(arg: str | None) -> Path:
+    """A RUN_DIR argument resolved (None: the latest run that started an engine, with a
+    note on stderr when newer runs were skipped; see :func:`vllm_probe.runs.rundir.resolve_run_dir`).
+
+    Raises:
+        RunDirError: the directory does not exist, or there is no run.
+    """
+    return resolve_run_dir(arg, note=lambda text: print(f"vllm-probe: note: {text}", file=sys.stderr))
+
+
 def by_arg(text: str) -> list[int]:
     """argparse ``type`` of ``--by``: ``prompt_len:512,2048`` → the class boundaries in
     tokens (``prompt_len`` alone: ``[]``, the defaults)."""
@@ -69,6 +89,21 @@ def by_arg(text: str) -> list[int]:
     if any(b <= 0 for b in bounds):
         raise argparse.ArgumentTypeError(f"{text!r}: boundaries must be > 0")
     return sorted(set(bounds))
+
+
+def mistyped_subcommand(word: str) -> str | None:
+    """The subcommand ``word`` is a typo of, or None.
+
+    ``vllm-probe COMMAND ...`` is short for ``run -- COMMAND``, so a word that is not a
+    subcommand may be a command to run. It counts as a mistyped subcommand only when it
+    cannot be run (no executable of that name on PATH, no path) and is close to a
+    subcommand's name (difflib's ratio ≥ 0.7: ``summry``, ``tial``, ``comapre``): a
+    command that exists always runs, whatever its name.
+    """
+    if os.sep in word or shutil.which(word):
+        return None
+    near = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1, cutoff=0.7)
+    return near[0] if near else None
 
 
 def silence_stdout() -> None:
@@ -125,6 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        typo = mistyped_subcommand(argv[0])
+        if typo is not None:
+            print(f"vllm-probe: error: unknown subcommand {argv[0]!r} (did you mean {typo!r}?); "
+                  f"subcommands: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+            return EXIT_USAGE
+        if argv[0] and os.sep not in argv[0] and not shutil.which(argv[0]):
+            print(f"vllm-probe: error: command not found: {argv[0]} (nor a vllm-probe subcommand: "
+                  f"{', '.join(SUBCOMMANDS)})", file=sys.stderr)
+            return 127
         argv = ["run", "--", *argv]  # `vllm-probe COMMAND ...` shorthand
     if not argv:
         print("vllm-probe: error: no command given (usage: vllm-probe run -- COMMAND [ARGS...]; "
@@ -140,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     except NoEventsError as e:
         print(f"vllm-probe: error: {e}", file=sys.stderr)
         return EXIT_NO_EVENTS
-    except (CliError, SettingsError, RunDirError, ExportError) as e:
+    except (CliError, SettingsError, RunDirError, ExportError, RequestIdError) as e:
         print(f"vllm-probe: error: {e}", file=sys.stderr)
         return getattr(e, "code", EXIT_USAGE)
     except KeyboardInterrupt:

@@ -13,12 +13,11 @@ import argparse
 
 from ..analysis.compare import comparison
 from ..analysis.summary import summarize
-from ..runs.rundir import resolve_run_dir
-from . import CliError, by_arg, print_json, print_report
+from . import CliError, by_arg, path_arg, print_json, print_report, run_dir_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", type=path_arg,
                    help="two or more run directories; the first is the baseline")
     p.add_argument("--json", action="store_true", help="print the runs' summaries and differences as JSON")
     p.add_argument("--by", type=by_arg, metavar="prompt_len:A,B",
@@ -29,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if len(args.run_dirs) < 2:
         raise CliError("compare needs at least two run directories")
-    dirs = [resolve_run_dir(d) for d in args.run_dirs]
+    dirs = [run_dir_arg(d) for d in args.run_dirs]
     # every run is split at the same prompt lengths: the baseline's (or the given) boundaries
     base = summarize(dirs[0], boundaries=args.by or None)
     summaries = [base] + [summarize(d, boundaries=base.latency_classes.boundaries) for d in dirs[1:]]

@@ -21,31 +21,37 @@ import sys
 
 from ..exporters.base import ExportError, exporters
 from ..exporters.jsonl import Filters
+from ..runs.ids import resolve_request_id
 from ..runs.reader import ReadStats
-from ..runs.rundir import NoEventsError, resolve_run_dir
-from . import EXIT_NO_EVENTS, CliError
+from ..runs.rundir import NoEventsError
+from . import EXIT_NO_EVENTS, CliError, path_arg, run_dir_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     formats = exporters()
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", type=path_arg,
                    help="run directory (default: the latest under ./vllm-probe-runs/)")
-    p.add_argument("-o", "--output", metavar="FILE",
+    p.add_argument("-o", "--output", metavar="FILE", type=path_arg,
                    help="output file (.gz: compressed; '-': stdout). Default: the format's file in RUN_DIR ("
                         + ", ".join(f.default_file for f in formats.values()) + ")")
     p.add_argument("--format", choices=tuple(formats), default="jsonl",
                    help="; ".join(f"{name}: {f.help}" for name, f in formats.items()))
     p.add_argument("--events", metavar="KINDS", help="comma-separated event kinds to keep, e.g. chunk,preempt")
-    p.add_argument("--request", metavar="ID", help="keep only this request's events")
+    p.add_argument("--request", metavar="ID", help="keep only this request's events (the id, or a unique start of it)")
     p.add_argument("--from-step", type=int, metavar="N", help="first step to keep (per engine core)")
     p.add_argument("--to-step", type=int, metavar="N", help="last step to keep (inclusive)")
 
 
 def main(args: argparse.Namespace) -> int:
-    run_dir = resolve_run_dir(args.run_dir)
+    run_dir = run_dir_arg(args.run_dir)
     exporter = exporters()[args.format]
     out = args.output or str(run_dir / exporter.default_file)
-    filters = Filters.make(args.events, args.request, args.from_step, args.to_step)
+    request = args.request
+    if request is not None and exporter.takes_filters:
+        request = resolve_request_id(run_dir, request)
+        if request != args.request:
+            print(f"vllm-probe: request {args.request} is {request}", file=sys.stderr)
+    filters = Filters.make(args.events, request, args.from_step, args.to_step)
     if filters.active and not exporter.takes_filters:
         takers = " / ".join(name for name, f in exporters().items() if f.takes_filters)
         raise ExportError(f"--events/--request/--from-step/--to-step apply to --format {takers} only")

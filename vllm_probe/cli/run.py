@@ -7,13 +7,13 @@ import sys
 
 from ..runs.launcher import LaunchError, resolve_command, run_foreground
 from ..settings import load_settings
-from . import CliError
+from . import CliError, path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--settings", metavar="FILE",
+    p.add_argument("--settings", metavar="FILE", type=path_arg,
                    help="settings.json (or .yaml/.toml) whose scheduler_probe flags choose the events")
-    p.add_argument("--out", metavar="DIR",
+    p.add_argument("--out", metavar="DIR", type=path_arg,
                    help="run directory to create (default: a new one under ./vllm-probe-runs/)")
     p.add_argument("--live", action="store_true",
                    help="show the live dashboard; the command's output goes to command.log")

@@ -14,12 +14,11 @@ import argparse
 import sys
 
 from ..analysis.summary import summarize
-from ..runs.rundir import resolve_run_dir
-from . import by_arg, print_json, print_report
+from . import by_arg, path_arg, print_json, print_report, run_dir_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", type=path_arg,
                    help="run directory (default: the latest under ./vllm-probe-runs/)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--by", type=by_arg, metavar="prompt_len:A,B",
@@ -28,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    s = summarize(resolve_run_dir(args.run_dir), boundaries=args.by or None)
+    s = summarize(run_dir_arg(args.run_dir), boundaries=args.by or None)
     if args.json:
         print_json(s.to_dict())
     else:

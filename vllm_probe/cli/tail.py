@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..runs.rundir import resolve_run_dir
-from . import CliError, silence_stdout
+from . import CliError, path_arg, run_dir_arg, silence_stdout
 
 
 def _positive(kind: type):
@@ -27,7 +26,7 @@ def _positive(kind: type):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR", type=path_arg,
                    help="run directory (default: the newest under ./vllm-probe-runs/)")
     p.add_argument("--plain", action="store_true",
                    help="one text line per step and per preemption, for pipes and logs")
@@ -44,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run_dir = resolve_run_dir(args.run_dir)
+    run_dir = run_dir_arg(args.run_dir)
     from ..tui import watch
 
     if args.engine is not None and args.engine < 0:

@@ -26,9 +26,12 @@ from typing import IO, Any, Iterator
 import msgspec
 
 from .. import __version__, envvars
+from .hints import spawn_hint
 from .reader import ReadStats, iter_file
 from ..settings import Settings
-from .rundir import COMMAND_LOG, META_FILE, RunDirError, create_run_dir, event_files, read_meta, write_meta
+from .rundir import (
+    COMMAND_LOG, META_FILE, RunDirError, create_run_dir, engine_started, event_files, read_meta, write_meta,
+)
 
 #: Seconds between SIGINT and SIGTERM (and between SIGTERM and SIGKILL) when a
 #: supervised command is stopped (Ctrl-C under ``run --live``).
@@ -193,14 +196,30 @@ def start_run(command: list[str], settings: Settings, out: Path | None = None) -
 
 
 def finish_run(run_dir: Path, meta: dict[str, Any], exit_code: int) -> None:
-    """Record how the command ended in ``meta.json``. Never raises: the command has
-    already run, and its exit code matters more than the metadata (one warning line)."""
-    meta = {**read_meta(run_dir), **meta, "end_time": time.time(), "exit_code": exit_code}
+    """Record how the command ended in ``meta.json``: end time, exit code, and
+    ``engine_started`` (:func:`~vllm_probe.runs.rundir.engine_started`: false when the
+    command ended before any engine core wrote events; "latest run" then skips it).
+    Never raises: the command has already run, and its exit code matters more than the
+    metadata (one warning line)."""
+    meta = {**read_meta(run_dir), **meta, "end_time": time.time(), "exit_code": exit_code,
+            "engine_started": engine_started(run_dir)}
     try:
         write_meta(run_dir, meta)
     except OSError as e:
         print(f"vllm-probe: warning: cannot update {Path(run_dir) / META_FILE}: {e.strerror or e}",
               file=sys.stderr, flush=True)
+
+
+def print_failure_hint(run_dir: Path, command: list[str], code: int, log_path: Path | None = None) -> None:
+    """After a command that failed before any engine core wrote events, print one hint
+    line when the cause is known (:func:`vllm_probe.runs.hints.spawn_hint`; ``log_path``:
+    the command's output, when it was kept)."""
+    if code == 0 or engine_started(run_dir):
+        return
+    lines = read_log_tail(log_path, 400, 1 << 20) if log_path is not None else None
+    hint = spawn_hint(command, lines)
+    if hint:
+        print(f"vllm-probe: hint: {hint}", file=sys.stderr, flush=True)
 
 
 def spawn(command: list[str], run_dir: Path, settings: Settings,
@@ -275,6 +294,7 @@ def run_foreground(command: list[str], settings: Settings, out: Path | None = No
     finish_run(run_dir, meta, code)
     counts = count_events(run_dir)
     print(f"vllm-probe: {counts.describe()} in {run_dir}", file=sys.stderr, flush=True)
+    print_failure_hint(run_dir, command, code)
     return code
 
 

@@ -3,7 +3,7 @@
 Layout::
 
     vllm-probe-runs/20261129-221500-long_prompts/
-        meta.json            command line, settings, start/end time, exit code
+        meta.json            command line, settings, start/end time, exit code, engine_started
         events-<pid>.jsonl   one per engine-core process (schema: docs/events.md)
         command.log          the command's output (``run --live`` only)
 
@@ -19,7 +19,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 #: Default parent of run directories, relative to the current directory.
 DEFAULT_ROOT = Path("vllm-probe-runs")
@@ -102,9 +102,43 @@ def event_files(run_dir: Path) -> list[Path]:
     return sorted(Path(run_dir).glob(EVENT_GLOB))
 
 
-def latest_run(root: Path | None = None) -> Path:
-    """The newest run directory under ``root``: directly in it, or one level down (as
-    ``examples/compare_budgets.py`` nests its runs), by ``meta.json``'s start time.
+def engine_started(run_dir: Path) -> bool:
+    """Whether any engine core of the run wrote events (a non-empty event file): False
+    when the command ended before vLLM built a scheduler (a script error, vLLM failing at
+    start-up). ``finish_run`` records it in ``meta.json`` as ``engine_started``."""
+    for path in event_files(run_dir):
+        try:
+            if path.stat().st_size > 0:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def never_started(run_dir: Path, meta: dict[str, Any] | None = None) -> bool:
+    """A finished run whose command never started an engine: ``meta.json`` says
+    ``engine_started: false``, or (runs recorded before that key) it has an end time and
+    no event file."""
+    meta = read_meta(run_dir) if meta is None else meta
+    if "engine_started" in meta:
+        return meta["engine_started"] is False
+    return meta.get("end_time") is not None and not event_files(run_dir)
+
+
+def never_started_note(meta: dict[str, Any]) -> str:
+    """``": the command (exit 1) ended before vLLM's engine core started"`` for a run whose
+    ``meta.json`` says so (``engine_started`` false), else ``""``."""
+    if meta.get("engine_started") is False:
+        code = meta.get("exit_code")
+        return f": the command{f' (exit {code})' if code is not None else ''} ended before vLLM's engine core started"
+    return ""
+
+
+def find_latest_run(root: Path | None = None) -> tuple[Path, list[Path]]:
+    """The newest run directory under ``root`` that started an engine (directly in it, or
+    one level down as ``examples/compare_budgets.py`` nests its runs, by ``meta.json``'s
+    start time), and the newer runs skipped because their command never started one
+    (:func:`never_started`). When no run started an engine, the newest run and no skip.
 
     Raises:
         RunDirError: ``root`` does not exist or holds no run.
@@ -115,9 +149,10 @@ def latest_run(root: Path | None = None) -> Path:
     runs = [m.parent for pattern in (f"*/{META_FILE}", f"*/*/{META_FILE}") for m in root.glob(pattern)]
     if not runs:
         raise RunDirError(f"no run directory under {root} (start one with `vllm-probe run -- COMMAND`)")
+    metas = {run: read_meta(run) for run in runs}
 
     def started(run: Path) -> tuple[float, str]:
-        start = read_meta(run).get("start_time")
+        start = metas[run].get("start_time")
         if start is None:
             try:
                 start = (run / META_FILE).stat().st_mtime
@@ -125,18 +160,40 @@ def latest_run(root: Path | None = None) -> Path:
                 start = 0.0
         return start, str(run)
 
-    return max(runs, key=started)
+    newest_first = sorted(runs, key=started, reverse=True)
+    for i, run in enumerate(newest_first):
+        if not never_started(run, metas[run]):
+            return run, newest_first[:i]
+    return newest_first[0], []
 
 
-def resolve_run_dir(arg: str | None) -> Path:
-    """A RUN_DIR argument (None: the latest run) checked to exist.
+def latest_run(root: Path | None = None) -> Path:
+    """The run :func:`find_latest_run` picks.
+
+    Raises:
+        RunDirError: ``root`` does not exist or holds no run.
+    """
+    return find_latest_run(root)[0]
+
+
+def resolve_run_dir(arg: str | None, note: Callable[[str], None] | None = None) -> Path:
+    """A RUN_DIR argument (None: the latest run, :func:`find_latest_run`) checked to exist;
+    ``~`` is expanded. ``note`` is told, in one line, of newer runs skipped because their
+    command never started an engine.
 
     Raises:
         RunDirError: the directory does not exist.
     """
     if arg is None:
-        return latest_run()
-    path = Path(arg)
+        run, skipped = find_latest_run()
+        if skipped and note is not None:
+            newest = skipped[0]
+            code = read_meta(newest).get("exit_code")
+            more = f" and {len(skipped) - 1} more" if len(skipped) > 1 else ""
+            note(f"showing {run}: the newer {newest}{more} never started an engine"
+                 + (f" (exit {code})" if code is not None else ""))
+        return run
+    path = Path(arg).expanduser()
     if not path.is_dir():
         raise RunDirError(f"run directory not found: {path}")
     return path

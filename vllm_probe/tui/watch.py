@@ -25,7 +25,9 @@ from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from ..runs.launcher import GRACE_S, LOG_TAIL_LINES, SupervisedRun, count_events, read_log_tail
+from ..runs.launcher import (
+    GRACE_S, LOG_TAIL_LINES, SupervisedRun, count_events, print_failure_hint, read_log_tail,
+)
 from ..runs.reader import Follower, ReadStats, iter_run, record_ts
 from ..runs.rundir import read_meta
 from ..settings import Settings
@@ -315,6 +317,7 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
         err.print(f"vllm-probe: the command exited with code {code}", style="bold red", highlight=False)
     counts = count_events(run.run_dir)
     print(f"vllm-probe: {counts.describe()} in {run.run_dir}", file=sys.stderr, flush=True)
+    print_failure_hint(run.run_dir, command, code, run.log_path)
     return code
 
 
