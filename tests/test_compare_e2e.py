@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -90,7 +91,7 @@ def test_larger_budget_means_fewer_steps_and_chunks(quick_run, probe_run):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "max_num_batched_tokens" in out and "1,024" in out and "Traceback" not in r.stderr
-    steps_line = next(line for line in out.splitlines() if line.strip().startswith("steps "))
+    steps_line = next(line for line in out.splitlines() if re.match(r"\s+steps\s+[\d,]+ ", line))
     assert f"{s.steps:,}" in steps_line and f"{l.steps:,}" in steps_line and "−" in steps_line
     r = cli("compare", str(small), str(large), "--json")
     data = json.loads(r.stdout)
