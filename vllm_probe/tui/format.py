@@ -122,6 +122,12 @@ def kv_capacity(capacity_tokens: int | None, blocks: int | None, block_size: int
     return f"{count(capacity_tokens)} tok", f"({count(blocks)} blocks × {count(block_size)}, 1 reserved)"
 
 
+def kv_capacity_compact(capacity_tokens: int | None, blocks: int | None, block_size: int | None) -> str:
+    """:func:`kv_capacity` in one short cell: ``8,064 tok = (64 − 1) × 128`` (a GPU's
+    cache of millions of tokens still fits a report's column)."""
+    return f"{count(capacity_tokens)} tok = ({count(blocks)} − 1) × {count(block_size)}"
+
+
 def report_console():
     """A rich Console for reports (summary, compare, doctor): the terminal's width, or
     ``$COLUMNS``, or :data:`PIPE_WIDTH` when the output is not a terminal."""

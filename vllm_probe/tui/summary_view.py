@@ -15,7 +15,7 @@ from rich.text import Text
 from ..analysis.expected import DIFFERS, MATCHES, NOT_V1
 from ..analysis.figures import Distribution
 from ..analysis.summary import LatencyClass, LatencyClasses, Summary
-from .format import UNKNOWN, count, figure, kv_capacity, pct, prompt_class, share_of, triple
+from .format import UNKNOWN, count, figure, kv_capacity_compact, pct, prompt_class, share_of, triple
 
 
 def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -126,7 +126,7 @@ def render(s: Summary, width: int = 120) -> Group:
         ("max_num_seqs", figure(c.get("max_num_seqs"))),
         ("chunked prefill", figure(c.get("enable_chunked_prefill"))
          + (f", long-prefill cap {count(c['long_prefill_token_threshold'])}" if c.get("long_prefill_token_threshold") else "")),
-        ("KV cache", " ".join(kv_capacity(kv_cap, c.get("num_kv_blocks"), c.get("block_size")))
+        ("KV cache", kv_capacity_compact(kv_cap, c.get("num_kv_blocks"), c.get("block_size"))
          if c.get("num_kv_blocks") is not None else UNKNOWN),
         ("max_model_len", figure(c.get("max_model_len"))),
         ("policy", figure(c.get("scheduling_policy"))),
