@@ -140,6 +140,13 @@ def test_same_decisions_slower_clock_reads_same_and_within_noise(tmp_path):
     assert [line.split(":")[0] for line in verdict_lines] == [g.name for g in GROUPS]
     assert verdict_lines[6].startswith("latency in seconds: within noise (noise ±160%) — ")
     assert "≈ +" in next(line for line in lines if line.strip().startswith("TTFT median  "))
+    # three times slower, far beyond the 160 % spread: still the machine, as every decision is the same
+    _slowed(scenario_preempt(), 3.0).write(tmp_path / "c")
+    data = comparison([a, summarize(tmp_path / "c")])
+    ttft = next(r for r in data["figures"] if r["path"] == "latency.ttft_s.median")
+    assert ttft["deltas"][0]["rel"] == pytest.approx(2.0) and ttft["deltas"][0]["noisy"] is True
+    assert data["noise"]["same_decisions"] == [True]
+    assert {v["group"]: v["verdict"] for v in data["verdicts"]}["latency in seconds"] == "noise"
 
 
 def test_group_verdicts_weigh_directions_and_noise():
@@ -166,6 +173,12 @@ def test_group_verdicts_weigh_directions_and_noise():
     assert got["run time"].verdict == "worse"  # the duration moved beyond noise; tokens/s did not
     assert [c["figure"] for c in got["run time"].changes] == ["duration"]
     assert got["steps"].verdict == "unknown"
+    assert got["run time"].contradicted_by is None  # no step figure moved
+    rows += [row("latency in steps", "TTFT median (steps)", "lower", 3, 0.5, "worse"),
+             row("latency in seconds", "queue time median", "lower", -0.4, -0.4, "better", False, "wall")]
+    got = {v.group: v for v in verdicts(rows, 2)}
+    assert (got["latency in seconds"].verdict, got["latency in seconds"].contradicted_by) == \
+        ("better", "latency in steps")  # seconds better, steps worse: the steps hold
 
 
 @requires_vllm

@@ -14,8 +14,13 @@ request decodes on the same engine with the same settings, so the spread of the
 requests' mean inter-token time (:func:`itl_spread`: p90 / median − 1) is what the
 machine's noise and the batch's changes do to the same work. A wall-clock delta no
 larger than the larger spread of the two runs is *within noise* (``noisy``); larger
-ones are reported as they are. The verdict of a group (:func:`verdicts`) weighs only its
-figures with a better direction, and among wall-clock figures only those beyond noise.
+ones are reported as they are. Two cases override that: when every step figure of the
+two runs is equal (:func:`same_decisions`: the scheduler did the same thing), every
+wall-clock difference is the machine's and is marked noisy; and when a wall-clock
+group's verdict contradicts its step group's (TTFT in seconds better while TTFT in
+steps is worse), the verdict says so (:data:`STEP_GROUP_OF`). The verdict of a group
+(:func:`verdicts`) weighs only its figures with a better direction, and among
+wall-clock figures only those beyond noise.
 
 Pure: :class:`~vllm_probe.analysis.summary.Summary` objects in, plain data out; the
 table is drawn by :mod:`vllm_probe.tui.compare_view`.
@@ -81,6 +86,12 @@ GROUPS: tuple[Group, ...] = (
     Group("bound", STEPS, "the limit that held most steps back"),
 )
 GROUP_CLOCK = {g.name: g.clock for g in GROUPS}
+#: Step figures that are shares of a setting, not decisions: the same decisions under
+#: another token budget give another budget use (:func:`same_decisions` skips them).
+RELATIVE_TO_SETTINGS = ("budget_use.median", "budget_use.p90")
+#: The step group each wall-clock group measures in seconds: when their verdicts are
+#: opposite, the step group's holds (the seconds moved with the machine).
+STEP_GROUP_OF = {"latency in seconds": "latency in steps", "run time": "steps"}
 
 _F = Figure
 #: The figures ``compare`` lines up, in display order (per-class latency figures are
@@ -265,6 +276,8 @@ class GroupVerdict:
         changes: up to :data:`CHANGES_SHOWN` figures that moved most, largest relative
             change first: ``{"figure", "unit", "abs", "rel", "verdict", "noisy"}``.
         noise: the threshold used (wall-clock groups; relative, 0.18 = 18 %).
+        contradicted_by: for a wall-clock group judged ``better`` or ``worse``, the step
+            group (:data:`STEP_GROUP_OF`) whose verdict is the opposite (None: none is).
     """
 
     group: str
@@ -273,6 +286,7 @@ class GroupVerdict:
     verdict: str
     changes: list[dict[str, Any]] = field(default_factory=list)
     noise: float | None = None
+    contradicted_by: str | None = None
 
 
 #: Figures named in a verdict's ``changes``.
@@ -316,7 +330,22 @@ def verdicts(rows: list[dict[str, Any]], n_runs: int) -> list[GroupVerdict]:
             shown = judged or [c for c in moved if c["verdict"] is not None or g.name in ("queues",)] or moved
             shown = sorted(shown, key=lambda c: -abs(c["rel"]) if c["rel"] is not None else 0.0)[:CHANGES_SHOWN]
             out.append(GroupVerdict(g.name, g.clock, run, verdict, shown, noise if g.clock == WALL else None))
+        by_group = {v.group: v for v in out if v.run == run}
+        opposite = {"better": "worse", "worse": "better"}
+        for wall_group, step_group in STEP_GROUP_OF.items():
+            v = by_group[wall_group]
+            if v.verdict in opposite and by_group[step_group].verdict == opposite[v.verdict]:
+                v.contradicted_by = step_group
     return out
+
+
+def same_decisions(rows: list[dict[str, Any]], run: int) -> bool:
+    """Whether every step figure of run ``run`` equals the baseline's (the rows of
+    :func:`comparison`): the scheduler made the same decisions, so the seconds can only
+    differ because the machine did."""
+    steps = [r for r in rows if r["clock"] == STEPS and r["section"] in GROUP_CLOCK
+             and r["path"] not in RELATIVE_TO_SETTINGS]
+    return bool(steps) and all(r["values"][run] == r["values"][0] for r in steps)
 
 
 def comparison(summaries: list[Summary]) -> dict[str, Any]:
@@ -335,13 +364,19 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
                                   "noisy": is_noisy(f, rel, threshold) if d else None,
                                   "threshold": threshold if f.clock == WALL else None})
         figures.append(row)
+    same = [same_decisions(figures, run) for run in range(1, len(summaries))]
+    for row in figures:  # same decisions: every wall-clock difference is the machine's
+        if row["clock"] == WALL:
+            for d, is_same in zip(row["deltas"], same):
+                if is_same and d["abs"]:
+                    d["noisy"] = True
     return {
         "runs": [s.run_dir for s in summaries],
         "baseline": base.run_dir,
         "config_differences": config_differences(summaries),
         "command_differences": command_differences(summaries),
         "expected_differences": expected_differences(summaries),
-        "noise": {"itl_spread": [itl_spread(s) for s in summaries], "threshold": thresholds},
+        "noise": {"itl_spread": [itl_spread(s) for s in summaries], "threshold": thresholds, "same_decisions": same},
         "figures": figures,
         "verdicts": [asdict(v) for v in verdicts(figures, len(summaries))],
         "summaries": [s.to_dict() for s in summaries],

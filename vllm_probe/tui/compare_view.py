@@ -23,6 +23,7 @@ from .format import figure, pct, prompt_class, signed
 _VERDICT = {"better": ("better", "green"), "worse": ("worse", "red"), "mixed": ("mixed", "yellow"),
             "same": ("no change", "dim"), "noise": ("within noise", "dim"), "unknown": ("nothing to compare", "dim"),
             "changed": ("changed", "yellow")}
+_OPPOSITE = {"better": "worse", "worse": "better"}
 
 
 def _fmt_delta(row: dict, i: int) -> Text:
@@ -52,6 +53,9 @@ def verdict_line(v: dict, label: str) -> Text:
                          no_wrap=True, overflow="ellipsis")
     if v["clock"] == WALL:
         text.append(f" (noise ±{pct(v['noise'])})" if v["noise"] is not None else " (noise not measured)", style="dim")
+    if v.get("contradicted_by"):
+        text.append(f", but {v['contradicted_by']}: {_VERDICT[_OPPOSITE[v['verdict']]][0]} — trust the steps",
+                    style="yellow")
     changes = [c for c in v["changes"] if c["abs"] is not None]
     if changes and v["verdict"] not in ("same", "unknown"):
         shown = [f"{c['figure']} {signed(c['abs'], c['rel'], c['unit'])}" + (" ≈" if c["noisy"] else "")
@@ -99,6 +103,10 @@ def render(summaries: list[Summary]) -> RichGroup:
         "how much CPU each run got; inter-token spread within each run (p90/median − 1): "
         + ", ".join(f"[{i + 1}] {pct(x)}" for i, x in enumerate(spreads))
         + "; a wall-clock delta no larger than the larger of the two is marked ≈ (within noise).", style="dim"))
+    same = [f"[{i + 2}]" for i, x in enumerate(data["noise"]["same_decisions"]) if x]
+    if same:
+        parts.append(Text(f"{', '.join(same)}: every step figure equals [1]'s — the scheduler made the same decisions, "
+                          "so every difference in seconds is the machine's (all marked ≈).", style="yellow"))
 
     t = Table(title="Figures", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
               pad_edge=False)
