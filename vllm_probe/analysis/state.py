@@ -137,16 +137,17 @@ class EngineState:
     resumed_passes: int = 0
     resumed_prefill_tokens: int = 0
     resumed_prefix_hit_tokens: int = 0
-    #: prefix-cache hits of the chunks of the latest step (tokens; the ``--plain`` line's "hit")
+    #: prefix-cache hits of the first chunks scheduled in step :attr:`hits_step` (tokens;
+    #: :meth:`prefix_hits_in_step`, the ``--plain`` line's "hit")
+    hits_step: int | None = None
     step_prefix_hits: int = 0
-    _hits_since_step: int = 0
     #: exact histogram: chunks of the prefill pass that produced a prompt's first token -> prompts
     first_pass_chunks: dict[int, int] = field(default_factory=dict)
     requests_added: int = 0
     requests_finished: int = 0
-    #: exact histograms of the steps' ``running`` / ``waiting`` queue lengths (requests -> steps)
-    running_steps: dict[int, int] = field(default_factory=dict)
-    waiting_steps: dict[int, int] = field(default_factory=dict)
+    #: exact histogram of the steps' ``(running, waiting)`` queue lengths (requests) -> steps
+    #: (one dict update per step; bounded by the distinct pairs)
+    queue_steps: dict[tuple[int, int], int] = field(default_factory=dict)
     #: exact histogram: requests preempted in one step (its ``preempted`` list) -> steps, for steps with any
     preempted_steps: dict[int, int] = field(default_factory=dict)
     #: requests by ``request_added.priority`` (requests)
@@ -166,8 +167,14 @@ class EngineState:
     finished: deque = field(init=False)
     _awaiting_token: dict[str, RequestState] = field(default_factory=dict)
     _max_num_seqs: int | None = None  # cached from config for the per-step hot path
+    # the histograms of sampling_seen, one attribute each for request_added's loop
+    _seen_max_tokens: dict = field(init=False, repr=False)
+    _seen_temperature: dict = field(init=False, repr=False)
+    _seen_top_p: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._seen_max_tokens, self._seen_temperature, self._seen_top_p = (
+            self.sampling_seen[name] for name in SAMPLING_FIELDS)
         self.window = deque(maxlen=self.step_window)
         self.timeline = Timeline(self.timeline_spans)
         self.recent_preempts = deque(maxlen=PREEMPT_KEEP)
@@ -241,15 +248,30 @@ class EngineState:
         """Hooks the probe switched off after repeated errors (their events stop)."""
         return sorted({h for ps in self.probe_stats.values() for h in ps.hooks_disabled or ()})
 
+    def prefix_hits_in_step(self, step: int | None) -> int:
+        """Prompt tokens the prefix cache served to the chunks scheduled in ``step`` (first
+        passes and re-admissions; tokens; 0 when none)."""
+        return self.step_prefix_hits if step is not None and step == self.hits_step else 0
+
     @property
     def running_max(self) -> int | None:
         """Longest running queue after any step so far (requests; None before a step)."""
-        return max(self.running_steps, default=None)
+        return max((r for r, _ in self.queue_steps), default=None)
 
     @property
     def waiting_max(self) -> int | None:
         """Longest waiting queue after any step so far (requests; None before a step)."""
-        return max(self.waiting_steps, default=None)
+        return max((w for _, w in self.queue_steps), default=None)
+
+    def queue_lengths(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Histograms ``{running: steps}`` and ``{waiting: steps}`` of the queue lengths
+        after each step (requests), from :attr:`queue_steps`."""
+        running: dict[int, int] = {}
+        waiting: dict[int, int] = {}
+        for (r, w), n in self.queue_steps.items():
+            running[r] = running.get(r, 0) + n
+            waiting[w] = waiting.get(w, 0) + n
+        return running, waiting
 
     @property
     def prefix_hit_share(self) -> float | None:
@@ -415,15 +437,12 @@ class RunState:
         preempted = ev.preempted
         n_preempted = len(preempted) if preempted else 0
         eng.step_preemptions += n_preempted
-        hist = eng.running_steps
-        hist[running] = hist.get(running, 0) + 1
-        hist = eng.waiting_steps
-        hist[waiting] = hist.get(waiting, 0) + 1
+        key = (running, waiting)
+        hist = eng.queue_steps
+        hist[key] = hist.get(key, 0) + 1
         if n_preempted:
             hist = eng.preempted_steps
             hist[n_preempted] = hist.get(n_preempted, 0) + 1
-        if eng._hits_since_step or eng.step_prefix_hits:
-            eng.step_prefix_hits, eng._hits_since_step = eng._hits_since_step, 0
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
         kv = ev.kv_usage or 0.0
@@ -472,7 +491,9 @@ class RunState:
         if index == 0:
             req.passes += 1
             hits = start if ev.prefix_hit_tokens is None else ev.prefix_hit_tokens
-            eng._hits_since_step += hits
+            if ev.step != eng.hits_step:
+                eng.hits_step, eng.step_prefix_hits = ev.step, 0
+            eng.step_prefix_hits += hits
             if ev.resumed:
                 eng.resumed_passes += 1
                 eng.resumed_prefix_hit_tokens += hits
@@ -540,12 +561,15 @@ class RunState:
         req.max_tokens = ev.max_tokens
         req.priority = ev.priority
         req.arrival_ts = ev.ts if ev.arrival_ts is None else ev.arrival_ts
-        if ev.priority is not None:
-            _count_value(eng.priorities, ev.priority)
-        for name, seen in eng.sampling_seen.items():
-            value = getattr(ev, name)
+        # per request, not per step; inlined (a summary counts tens of thousands)
+        for hist, value in ((eng.priorities, ev.priority), (eng._seen_max_tokens, ev.max_tokens),
+                            (eng._seen_temperature, ev.temperature), (eng._seen_top_p, ev.top_p)):
             if value is not None:
-                _count_value(seen, value)
+                n = hist.get(value)
+                if n is not None:
+                    hist[value] = n + 1
+                else:
+                    _count_value(hist, value)
         if self.listener is not None:
             self.listener.on_added(eng, req, ev)
 

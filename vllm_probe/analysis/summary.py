@@ -446,8 +446,9 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     pc.resumed_hit_share = share(pc.resumed_hit_tokens, pc.resumed_prefill_tokens)
 
     # queues after each step
-    s.queues = Queues(Distribution.of_counts(_merged(e.running_steps for e in engines.values())),
-                      Distribution.of_counts(_merged(e.waiting_steps for e in engines.values())))
+    lengths = [e.queue_lengths() for e in engines.values()]
+    s.queues = Queues(Distribution.of_counts(_merged(r for r, _ in lengths)),
+                      Distribution.of_counts(_merged(w for _, w in lengths)))
 
     # latency of finished requests, pooled and by class
     lat = fin.latencies

@@ -61,7 +61,8 @@ class PlainFormatter:
         preempted = len(ev.preempted or ())
         eng = self.state.engines[ev.engine]
         sched, budget = ev.scheduled_tokens or 0, ev.token_budget
-        hits = f"hit {eng.step_prefix_hits} tok | " if eng.config is not None and eng.config.prefix_caching else ""
+        hits = (f"hit {eng.prefix_hits_in_step(ev.step)} tok | "
+                if eng.config is not None and eng.config.prefix_caching else "")
         return (f"{self._t(ev.ts)} step{self._engine(ev)} {_v(ev.step)} | {sched}/{_v(budget or None)} tok "
                 f"{_pct(budget_use(sched, budget))} | "
                 f"prefill {_v(ev.prefill_tokens)} tok {_v(ev.prefill_reqs)} req | "
