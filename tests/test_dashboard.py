@@ -189,3 +189,26 @@ def test_probe_losses_are_shown():
     flat = squash(render(RunState().apply_all(hand_stream() + stats), now=101.0))
     assert "the probe dropped 4 events" in flat
     assert "hooks switched off after errors: chunk" in flat
+
+
+def test_priority_column_prefix_hits_and_longest_queues():
+    from tests.test_run_figures import prefix_stream
+
+    events = prefix_stream().events
+    for ev in events:
+        if ev["event"] == "request_added":
+            ev["priority"] = {"P": 2, "Q": 0}[ev["req_id"]]
+    text = render(RunState().apply_all(events), now=0.5)
+    flat = squash(text)
+    # header: 384 of 600 first-pass prompt tokens hit; the longest queues of the run
+    assert "prefix caching on (64% of prompt tok hit)" in flat
+    assert "most running 2 waiting 1" in flat
+    # preemption panel: Q re-admitted once, 256 of its 301 tokens to recompute were cached
+    assert "re-admitted 1 · prefix-cache hits 256 of 301 tok (85%)" in flat
+    header = next(line for line in text.splitlines() if " request " in line and " state " in line)
+    assert re.search(r"request\s+state\s+prio\s+prompt", header)
+    row = next(line for line in text.splitlines() if re.search(r"│\s+P\s+decode", line))
+    assert re.search(r"│\s+P\s+decode\s+2\s+300\s", row)
+    # one priority only, policy fcfs: no column
+    plain = render(RunState().apply_all(prefix_stream().events), now=0.5)
+    assert not re.search(r"request\s+state\s+prio", plain)

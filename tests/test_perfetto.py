@@ -99,6 +99,7 @@ def test_chunked_prompt_slices_by_hand():
         ("prefill [4096, 5000)", "X", 501_000, 99_000),
         ("decode", "X", 600_000, 250_000),
     ]
+    assert track(events, tid)[0]["args"] == {"prompt_len": 5000, "max_tokens": 4, "priority": 0}
     chunk = track(events, tid)[2]["args"]
     assert (chunk["chunk_index"], chunk["start"], chunk["end"], chunk["tokens"], chunk["step"]) == (1, 2048, 4096, 2048, 1)
     assert track(events, tid)[-1]["args"]["output_tokens"] == 4
