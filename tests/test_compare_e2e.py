@@ -209,3 +209,21 @@ def test_compare_verdicts_on_two_real_runs(quick_run, probe_run):
     assert got["latency in seconds"]["noise"] == pytest.approx(threshold)
     text = cli("compare", str(quick_run), str(probe_run(*with_budget(LARGE_BUDGET)))).stdout
     assert "chunking: better — " in text and "step figures: reliable on any machine" in text
+
+
+def test_compare_splits_every_run_at_the_same_prompt_lengths(tmp_path):
+    from tests._events import scenario_preempt
+
+    scenario_preempt().write(tmp_path / "a")  # token budget 100: classes at 25 and 100
+    b = scenario_preempt()
+    b.events[0]["max_num_batched_tokens"] = 400  # its own default would split at 100 and 400
+    b.write(tmp_path / "b")
+    data = json.loads(cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json").stdout)
+    assert [s["latency_classes"]["boundaries"] for s in data["summaries"]] == [[25, 100], [25, 100]]
+    rows = [r["figure"] for r in data["figures"] if r["path"].startswith("latency_classes.")]
+    assert rows == ["TTFT median (steps) · medium prompts", "TTFT median (steps) · long prompts",
+                    "TTFT median · medium prompts", "end-to-end median · medium prompts",
+                    "TTFT median · long prompts", "end-to-end median · long prompts"]
+    data = json.loads(cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--by",
+                          "prompt_len:60").stdout)
+    assert [[c["n"] for c in s["latency_classes"]["classes"]] for s in data["summaries"]] == [[1, 2], [1, 2]]
