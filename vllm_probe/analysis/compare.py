@@ -327,7 +327,7 @@ def verdicts(rows: list[dict[str, Any]], n_runs: int) -> list[GroupVerdict]:
                 verdict = "noise"
             else:
                 verdict = "same"
-            shown = judged or [c for c in moved if c["verdict"] is not None or g.name in ("queues",)] or moved
+            shown = judged or moved
             shown = sorted(shown, key=lambda c: -abs(c["rel"]) if c["rel"] is not None else 0.0)[:CHANGES_SHOWN]
             out.append(GroupVerdict(g.name, g.clock, run, verdict, shown, noise if g.clock == WALL else None))
         by_group = {v.group: v for v in out if v.run == run}

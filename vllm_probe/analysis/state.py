@@ -151,7 +151,7 @@ class EngineState:
     #: exact histogram: requests preempted in one step (its ``preempted`` list) -> steps, for steps with any
     preempted_steps: dict[int, int] = field(default_factory=dict)
     #: requests by ``request_added.priority`` (requests)
-    priorities: dict[int, int] = field(default_factory=dict)
+    priorities: dict[int | str, int] = field(default_factory=dict)
     #: what the requests asked for (``request_added``): field -> value -> requests, for
     #: :data:`SAMPLING_FIELDS` (compared with a settings file's ``sampling`` section)
     sampling_seen: dict[str, dict[Any, int]] = field(default_factory=lambda: {k: {} for k in SAMPLING_FIELDS})

@@ -113,7 +113,7 @@ def default_boundaries(token_budget: int | None) -> list[int]:
     (:data:`DEFAULT_CLASS_SHARES`; :data:`FALLBACK_BOUNDARIES` when unknown)."""
     if not token_budget:
         return list(FALLBACK_BOUNDARIES)
-    return sorted({max(int(token_budget * share), 1) for share in DEFAULT_CLASS_SHARES})
+    return sorted({max(int(token_budget * fraction), 1) for fraction in DEFAULT_CLASS_SHARES})
 
 
 def class_names(n: int) -> list[str]:
