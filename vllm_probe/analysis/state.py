@@ -205,6 +205,12 @@ class EngineState:
         return reqs
 
     @property
+    def events_written(self) -> int:
+        """Event lines the probe wrote in this engine core (events; last ``probe_stats`` of
+        each pid: known once the engine core writes one, at its stop)."""
+        return sum(ps.events_written or 0 for ps in self.probe_stats.values())
+
+    @property
     def events_dropped(self) -> int:
         """Events the probe lost in this engine core (events).
 
