@@ -130,6 +130,22 @@ def test_histograms_of_the_preemption_scenario_by_hand():
         assert values == sorted(values) and values[-1] == m(name + "_count", **e)
 
 
+def test_a_collector_scraped_while_the_state_grows_says_what_a_fresh_one_says():
+    """The collector remembers where each (tokens, budget) pair falls between scrapes."""
+    a, b = scenario_preempt().events, scenario_chunked(engine=1, pid=9, t=300.0).events
+    state = RunState()
+    collector = RunStateCollector(state)
+    for ev in a[:10] + b[:5]:
+        state.apply(ev)
+    early = Series(scrape_text(collector))
+    assert early.buckets("vllm_probe_step_tokens", engine="0")["+Inf"] == 2
+    for ev in a[10:] + b[5:]:
+        state.apply(ev)
+    assert scrape_text(collector) == scrape_text(RunStateCollector(state))
+    assert collect(a).buckets("vllm_probe_step_tokens", engine="0") == \
+        Series(scrape_text(collector)).buckets("vllm_probe_step_tokens", engine="0")
+
+
 def test_gauges_and_the_config_info():
     m = collect(scenario_preempt().events)
     e = {"engine": "0"}

@@ -21,8 +21,10 @@ command line names the model (:func:`model_name_of`), and fixed sets of values
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
+from bisect import bisect_left
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -108,6 +110,7 @@ class RunStateCollector(Collector):
         self.incomplete_lines = incomplete_lines
         self._meta = meta
         self.findings = findings
+        self.step_buckets = _StepBuckets()
 
     def describe(self) -> list[Metric]:
         """Nothing: the registry must not call :meth:`collect` to learn the names."""
@@ -174,7 +177,7 @@ class _Families:
                      "(step.prefill_tokens).", lambda e: e.prefill_tokens)
         self.counter("vllm_probe_decode_tokens_total", "Decode tokens scheduled (step.decode_tokens).",
                      lambda e: e.decode_tokens)
-        step_buckets = {id(e): _step_buckets(e) for e in self.engines}
+        step_buckets = {id(e): c.step_buckets(e) for e in self.engines}
         self.histogram("vllm_probe_step_tokens", "Tokens scheduled per step (step.scheduled_tokens).",
                        lambda e: step_buckets[id(e)][0])
         self.histogram("vllm_probe_step_budget_use_ratio", "Share of the step's token budget it scheduled, 0..1 "
@@ -284,16 +287,50 @@ def _latest(eng: EngineState, field: str) -> float | None:
     return None if eng.latest is None else getattr(eng.latest, field)
 
 
-def _step_buckets(eng: EngineState) -> tuple[Buckets, Buckets]:
+class _StepBuckets:
     """Tokens per step and budget use per step, bucketed from the state's exact histogram
-    of ``(scheduled_tokens, token_budget)``; steps without a budget have no budget use."""
-    tokens, use = Buckets(STEP_TOKENS_BOUNDS), Buckets(BUDGET_USE_BOUNDS)
-    for (scheduled, budget), n in eng.step_tokens.items():
-        tokens.add(scheduled, n)
+    of ``(scheduled_tokens, token_budget)`` (steps without a budget have no budget use).
+
+    Where each distinct pair falls is remembered per engine core, in the histogram's
+    order: ``EngineState.step_tokens`` only ever gains keys, and a dict keeps them in
+    insertion order, so a scrape walks the remembered places beside the dict's values
+    (no bucket search, no hashing) and locates only the pairs added since. With 8
+    engine cores of ~2,000 pairs each, searching would be most of a scrape's time. An
+    engine core that has not stepped since the last scrape gets the same buckets again.
+    """
+
+    def __init__(self) -> None:
+        self._where: dict[int, list[tuple[int, int, float | None, int]]] = {}
+        self._last: dict[int, tuple[int, tuple[Buckets, Buckets]]] = {}  # engine -> (steps, buckets)
+
+    @staticmethod
+    def _locate(scheduled: int, budget: int) -> tuple[int, int, float | None, int]:
         share = budget_use(scheduled, budget)
-        if share is not None:
-            use.add(share, n)
-    return tokens, use
+        use_index = -1 if share is None else bisect_left(BUDGET_USE_BOUNDS, share)
+        return bisect_left(STEP_TOKENS_BOUNDS, scheduled), use_index, share, scheduled
+
+    def __call__(self, eng: EngineState) -> tuple[Buckets, Buckets]:
+        last = self._last.get(eng.engine)
+        if last is not None and last[0] == eng.steps:
+            return last[1]
+        hist = eng.step_tokens
+        where = self._where.setdefault(eng.engine, [])
+        if len(where) > len(hist):  # not the histogram it was built for
+            where.clear()
+        if len(where) < len(hist):
+            where.extend(self._locate(*pair) for pair in itertools.islice(hist, len(where), None))
+        tokens, use = Buckets(STEP_TOKENS_BOUNDS), Buckets(BUDGET_USE_BOUNDS)
+        token_counts, use_counts = tokens.counts, use.counts
+        token_sum = use_sum = 0.0
+        for (token_index, use_index, share, scheduled), n in zip(where, hist.values()):
+            token_counts[token_index] += n
+            token_sum += scheduled * n
+            if share is not None:
+                use_counts[use_index] += n
+                use_sum += share * n
+        tokens.sum, use.sum = token_sum, use_sum
+        self._last[eng.engine] = (eng.steps, (tokens, use))
+        return tokens, use
 
 
 class MetricsServer:
@@ -333,12 +370,19 @@ class MetricsServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
-    def follow(self, run_dir: Path | str) -> None:
-        """Start following ``run_dir`` (files that appear later included) in a thread."""
+    def follow(self, run_dir: Path | str, *, background: bool = True) -> None:
+        """Start following ``run_dir`` (files that appear later included) in a thread;
+        ``background=False``: only set it up, the caller calls :meth:`pump`."""
         self.follower = Follower(Path(run_dir), self.stats)
         self.meta = read_meta(Path(run_dir))
-        self._thread = threading.Thread(target=self._run, name="vllm-probe-metrics", daemon=True)
-        self._thread.start()
+        if background:
+            self._thread = threading.Thread(target=self._run, name="vllm-probe-metrics", daemon=True)
+            self._thread.start()
+
+    @property
+    def follower_thread(self) -> threading.Thread | None:
+        """The thread that follows the run directory (None before :meth:`follow`)."""
+        return self._thread
 
     def pump(self, max_bytes: int | None = READ_CHUNK) -> int:
         """Read what the files hold now (up to ``max_bytes`` per file) into the state;
