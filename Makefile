@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup demo test bench compat docs
+.PHONY: setup demo demo-metrics test bench compat docs
 
 setup: $(VENV)/.installed
 
@@ -19,6 +19,13 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	$(VENV)/bin/vllm-probe run -- $(PY) examples/long_prompts.py
+
+# The demo with its Prometheus metrics at http://127.0.0.1:$(METRICS_PORT)/metrics: served
+# while it runs, then the finished run's totals until Ctrl-C (curl it from another terminal).
+METRICS_PORT ?= 9400
+demo-metrics: setup
+	$(VENV)/bin/vllm-probe run --metrics-port $(METRICS_PORT) -- $(PY) examples/long_prompts.py
+	$(VENV)/bin/vllm-probe metrics --port $(METRICS_PORT)
 
 test: setup
 	$(PY) -m pytest -q
