@@ -10,13 +10,13 @@ The real engines and a real Prometheus server: tests/test_fleet_prometheus.py.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -259,8 +259,6 @@ def test_every_metric_is_documented_and_every_documented_metric_exists():
     exposed = {name + "_total" if kind == "counter" else name + "_info" if kind == "info" else name
                for name, kind in m.types.items()}
     doc = (ROOT / "docs" / "metrics.md").read_text()
-    import re
-
     documented = set(re.findall(r"^\| `(vllm_probe_\w+)`", doc, re.M))
     assert documented == exposed
     assert {"vllm_probe_steps_total", "vllm_probe_preemptions_total", "vllm_probe_prefill_chunks_total"} <= exposed

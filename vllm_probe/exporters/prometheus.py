@@ -122,16 +122,18 @@ class RunStateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
-            families = _Families(self.state, self.model_name()).build(self)
+            families = _Families(self).build()
         return iter(families)
 
 
 class _Families:
     """Builds the families of one scrape; ``engine`` (and ``model_name``) on each series."""
 
-    def __init__(self, state: RunState, model_name: str | None) -> None:
+    def __init__(self, collector: RunStateCollector) -> None:
+        self.c = collector
+        state = collector.state
         self.engines = [state.engines[i] for i in sorted(state.engines)]
-        self.model = model_name
+        self.model = model_name = collector.model_name()
         self.base = ["engine"] + (["model_name"] if model_name else [])
         self.out: list[Metric] = []
 
@@ -166,8 +168,8 @@ class _Families:
             f.add_metric(self.labels(eng), [(floatToGoString(le), n) for le, n in b.cumulative()], b.sum)
         self.out.append(f)
 
-    def build(self, c: RunStateCollector) -> list[Metric]:
-        latest = _latest
+    def build(self) -> list[Metric]:
+        c, latest = self.c, _latest
         # -- steps and tokens
         self.counter("vllm_probe_steps_total", "Scheduler steps: calls of Scheduler.schedule() (step events).",
                      lambda e: e.steps)
@@ -177,11 +179,11 @@ class _Families:
                      "(step.prefill_tokens).", lambda e: e.prefill_tokens)
         self.counter("vllm_probe_decode_tokens_total", "Decode tokens scheduled (step.decode_tokens).",
                      lambda e: e.decode_tokens)
-        step_buckets = {id(e): c.step_buckets(e) for e in self.engines}
+        step_buckets = {e.engine: c.step_buckets(e) for e in self.engines}
         self.histogram("vllm_probe_step_tokens", "Tokens scheduled per step (step.scheduled_tokens).",
-                       lambda e: step_buckets[id(e)][0])
+                       lambda e: step_buckets[e.engine][0])
         self.histogram("vllm_probe_step_budget_use_ratio", "Share of the step's token budget it scheduled, 0..1 "
-                       "(step.scheduled_tokens / step.token_budget).", lambda e: step_buckets[id(e)][1])
+                       "(step.scheduled_tokens / step.token_budget).", lambda e: step_buckets[e.engine][1])
         self.counter_by("vllm_probe_steps_by_limit_total", "Steps by the limit that held them back: token_budget, "
                         "max_num_seqs, kv_cache or none (analysis.figures.bound_by of each step).", "limit",
                         lambda e: e.bound_counts)
