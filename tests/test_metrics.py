@@ -353,11 +353,12 @@ def free_port() -> int:
     return _free_port()
 
 
-def test_run_metrics_port_serves_while_the_command_runs_and_stops_at_its_exit(tmp_path):
+@pytest.mark.parametrize("live", [[], ["--live"]], ids=["foreground", "live"])
+def test_run_metrics_port_serves_while_the_command_runs_and_stops_at_its_exit(live, tmp_path):
     events = tmp_path / "stream.jsonl"
     events.write_text("".join(scenario_preempt().lines()))
     go, out, port = tmp_path / "go", tmp_path / "run", free_port()
-    proc = subprocess.Popen(vllm_probe_cmd("run", "--out", str(out), "--metrics-port", str(port), "--",
+    proc = subprocess.Popen(vllm_probe_cmd("run", *live, "--out", str(out), "--metrics-port", str(port), "--",
                                            sys.executable, "-c", FAKE_ENGINE, str(events), str(go)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
