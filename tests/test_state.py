@@ -260,7 +260,6 @@ def test_bucketed_timings_and_preemptions_by_reason():
     assert eng.ttft_s.sum == pytest.approx(0.7)
     assert eng.preemptions_by_reason == {"kv_cache": 1, "reset": 0}
     assert eng.discarded_by_reason == {"kv_cache": 5, "reset": 0}
-    assert eng.events == len(hand_stream())
 
 
 def test_unknown_preemption_reasons_are_counted_as_other():

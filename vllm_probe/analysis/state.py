@@ -17,6 +17,7 @@ Requests and their timings: :mod:`vllm_probe.analysis.requests`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -100,7 +101,6 @@ class EngineState:
     #: the ``engine_config`` record (None until it is read)
     config: Any = None
     pids: set[int] = field(default_factory=set)
-    events: int = 0  # records applied
     first_ts: float | None = None
     last_ts: float | None = None
     last_step: int = -1
@@ -312,7 +312,6 @@ class RunState:
         elif ts < self.first_ts:
             self.first_ts = ts
         self.events += 1
-        eng.events += 1
         handler(eng, ev)
 
     def apply_all(self, events) -> "RunState":
@@ -368,8 +367,10 @@ class RunState:
         schedule_us = ev.schedule_us
         if schedule_us is None:
             schedule_us = 0.0
-        else:
-            eng.schedule_s.add(schedule_us * 1e-6)
+        else:  # Buckets.add inlined: this runs for every step of every reader
+            schedule_s, hist = schedule_us * 1e-6, eng.schedule_s
+            hist.counts[bisect_left(SCHEDULE_S_BOUNDS, schedule_s)] += 1
+            hist.sum += schedule_s
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill

@@ -235,8 +235,6 @@ class _Families:
         self.gauge("vllm_probe_last_step_timestamp_seconds", "Wall-clock time of the latest step, Unix seconds "
                    "(step.ts).", lambda e: e.last_step_ts)
         # -- the probe itself
-        self.counter("vllm_probe_events_read_total", "Event lines read back from this engine core's files.",
-                     lambda e: e.events)
         self.counter("vllm_probe_events_written_total", "Event lines the engine core wrote (probe_stats; "
                      "written when the engine core stops).", lambda e: e.events_written)
         self.counter("vllm_probe_events_dropped_total", "Events the probe lost: queue full or write failed "
@@ -390,15 +388,13 @@ class MetricsServer:
         """Read what the files hold now (up to ``max_bytes`` per file) into the state;
         returns the events read."""
         batch = self.follower.poll(max_bytes)
-        self.incomplete = self.follower.pending_partial()
-        if not batch:
-            return 0
         batch.sort(key=record_ts)  # several files of one engine rank (a restarted engine core) interleave
         apply = self.state.apply
         for i in range(0, len(batch), APPLY_SLICE):
             with self.lock:
                 for ev in batch[i:i + APPLY_SLICE]:
                     apply(ev)
+        self.incomplete = self.follower.pending_partial()  # after: a completed line is in the state
         return len(batch)
 
     def _run(self) -> None:
