@@ -369,7 +369,7 @@ class RunState:
             schedule_us = 0.0
         else:  # Buckets.add inlined: this runs for every step of every reader
             schedule_s, hist = schedule_us * 1e-6, eng.schedule_s
-            hist.counts[bisect_left(SCHEDULE_S_BOUNDS, schedule_s)] += 1
+            hist.counts[bisect_left(hist.bounds, schedule_s)] += 1
             hist.sum += schedule_s
         eng.scheduled_tokens += scheduled
         if prefill:
