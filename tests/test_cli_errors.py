@@ -143,6 +143,20 @@ def test_metrics_port_in_use_is_one_line_before_anything_starts(argv, tmp_path, 
     assert _tree(tmp_path) == set()  # the command did not start; no run directory
 
 
+def test_metrics_without_prometheus_client_is_one_line(tmp_path, monkeypatch, capsys):
+    """prometheus_client is an extra (vllm-probe[metrics]): without it, one line naming it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # `import prometheus_client` fails
+    monkeypatch.delitem(sys.modules, "vllm_probe.exporters.prometheus", raising=False)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["run", "--metrics-port", "0", "--", *STARTS])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert_one_line_error(rc, out, err, "install it with: pip install 'vllm-probe[metrics]'")
+    assert _tree(tmp_path) == set()
+
+
 def test_exit_codes_follow_shell_conventions(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--", "no-such-command-7f3a"]) == 127
