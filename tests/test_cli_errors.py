@@ -70,6 +70,16 @@ CASES: dict[str, tuple[dict, list[str], str]] = {
     "unknown option": ({}, ["--frobnicate"], "unrecognized arguments: --frobnicate"),
     "unknown run option": ({}, ["run", "--frobnicate", "--", *STARTS], "unrecognized arguments"),
     "settings without value": ({}, ["run", "--settings"], "expected one argument"),
+    "metrics port out of range": ({}, ["run", "--metrics-port", "70000", "--", *STARTS], "port must be 0..65535"),
+    "metrics port not a number": ({}, ["run", "--metrics-port", "http", "--", *STARTS], "not a port number: 'http'"),
+    "metrics host not ours": ({}, ["run", "--metrics-port", "0", "--metrics-host", "192.0.2.1", "--", *STARTS],
+                              "cannot serve metrics on 192.0.2.1:0: Cannot assign requested address"),
+    "metrics host without port": ({}, ["run", "--metrics-host", "0.0.0.0", "--", *STARTS],
+                                  "--metrics-host needs --metrics-port"),
+    "metrics with a bad command": ({}, ["run", "--metrics-port", "0", "--", "no-such-command-7f3a"],
+                                   "command not found: no-such-command-7f3a"),
+    "sidecar without port": ({}, ["metrics"], "the following arguments are required: --port"),
+    "sidecar run dir missing": ({}, ["metrics", "nope", "--port", "0"], "run directory not found: nope"),
 }
 
 
@@ -114,6 +124,37 @@ def test_bad_input_is_one_line_and_nothing_starts(name, tmp_path, monkeypatch, c
     assert_one_line_error(rc, out, err, fragment)
     assert _tree(tmp_path) == before  # no STARTED, no vllm-probe-runs/, no --out directory
     assert not os.path.exists("/proc/vllm-probe-test")
+
+
+@pytest.mark.parametrize("argv", [["run", "--metrics-port", "{port}", "--", *STARTS],
+                                  ["metrics", ".", "--port", "{port}"]], ids=["run", "sidecar"])
+def test_metrics_port_in_use_is_one_line_before_anything_starts(argv, tmp_path, monkeypatch, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.chdir(tmp_path)
+        rc = main([a.format(port=port) for a in argv])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert_one_line_error(rc, out, err, f"cannot serve metrics on 127.0.0.1:{port}: Address already in use")
+    assert _tree(tmp_path) == set()  # the command did not start; no run directory
+
+
+def test_metrics_without_prometheus_client_is_one_line(tmp_path, monkeypatch, capsys):
+    """prometheus_client is an extra (vllm-probe[metrics]): without it, one line naming it."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # `import prometheus_client` fails
+    monkeypatch.delitem(sys.modules, "vllm_probe.exporters.prometheus", raising=False)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["run", "--metrics-port", "0", "--", *STARTS])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert_one_line_error(rc, out, err, "install it with: pip install 'vllm-probe[metrics]'")
+    assert _tree(tmp_path) == set()
 
 
 def test_exit_codes_follow_shell_conventions(tmp_path, monkeypatch, capsys):

@@ -14,7 +14,7 @@ import pytest
 
 from tests._events import scenario_chunked
 from tests.conftest import ROOT, requires_vllm, run_cli
-from vllm_probe.cli import main, mistyped_subcommand
+from vllm_probe.cli import SUBCOMMANDS, main, mistyped_subcommand
 from vllm_probe.runs.hints import spawn_hint, unguarded_engine_call
 from vllm_probe.runs.ids import RequestIdError, match_request_id, request_ids
 from vllm_probe.runs.rundir import find_latest_run, read_meta, write_meta
@@ -95,7 +95,7 @@ def test_did_you_mean(word, meant, capsys):
     assert main([word, "RUN_DIR"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"vllm-probe: error: unknown subcommand {word!r} (did you mean {meant!r}?); "
-                   "subcommands: run, tail, export, summary, compare, tiny-model")
+                   f"subcommands: {', '.join(SUBCOMMANDS)}")
 
 
 def test_a_command_that_exists_is_run_whatever_its_name(tmp_path, monkeypatch):

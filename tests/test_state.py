@@ -237,3 +237,39 @@ def test_requests_finish_from_step_ids_when_request_events_are_off():
     (req,) = eng.finished
     # first token: sampled at the end of step 0, seen at the next step (ts 2.0)
     assert (req.req_id, req.phase, req.finished_ts, req.first_token_ts) == ("a", "finished", 2.0, 2.0)
+
+
+def test_bucketed_timings_and_preemptions_by_reason():
+    """The state's bounded distributions (figures.Buckets) on the stream above, by hand.
+
+    schedule(): 100 + step µs: step 0's 100 µs in the bucket up to 100 µs, steps 1..7
+    (101..107 µs) in (100 µs, 250 µs]; queue: A 0.199 s, B 0.199 s; TTFT: A 0.4 s, B 0.3 s.
+    """
+    from vllm_probe.analysis.figures import LATENCY_S_BOUNDS, SCHEDULE_S_BOUNDS
+
+    eng = RunState().apply_all(hand_stream()).engines[0]
+    sched = dict(zip(SCHEDULE_S_BOUNDS + (float("inf"),), eng.schedule_s.counts))
+    assert sched[1e-4] == 1 and sched[2.5e-4] == 7 and eng.schedule_s.count == 8  # 100 µs <= 1e-4 s
+    assert eng.schedule_s.sum == pytest.approx(sum(100 + s for s in range(8)) * 1e-6)
+    queue = dict(zip(LATENCY_S_BOUNDS + (float("inf"),), eng.queue_s.counts))
+    assert queue[0.25] == 2 and eng.queue_s.count == 2  # 0.199 s each
+    assert eng.queue_s.sum == pytest.approx(0.199 + 0.199)
+    ttft = dict(zip(LATENCY_S_BOUNDS + (float("inf"),), eng.ttft_s.counts))
+    assert ttft[0.5] == 2 and eng.ttft_s.count == 2  # 0.4 s and 0.3 s: both in (0.25, 0.5]
+    assert eng.ttft_s.cumulative()[LATENCY_S_BOUNDS.index(0.25)] == (0.25, 0)
+    assert eng.ttft_s.sum == pytest.approx(0.7)
+    assert eng.preemptions_by_reason == {"kv_cache": 1, "reset": 0}
+    assert eng.discarded_by_reason == {"kv_cache": 5, "reset": 0}
+
+
+def test_unknown_preemption_reasons_are_counted_as_other():
+    stream = hand_stream()
+    odd = [dict(ev, reason=reason, req_id=f"X{i}", discarded_tokens=10 * (i + 1))
+           for i, reason in enumerate(["drained-by-operator", None, "reset"])
+           for ev in stream if ev["event"] == "preempt"]
+    for ev in odd:
+        if ev["reason"] is None:
+            del ev["reason"]
+    eng = RunState().apply_all(stream + odd).engines[0]
+    assert eng.preemptions_by_reason == {"kv_cache": 1, "reset": 1, "other": 2}
+    assert eng.discarded_by_reason == {"kv_cache": 5, "reset": 30, "other": 10 + 20}

@@ -9,11 +9,17 @@ Pure functions of event fields (units as in docs/events.md); no I/O.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Iterable
 
 #: Names of the limits :func:`bound_by` can return, in tie-break order.
 LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
+
+#: ``preempt`` reasons the probe writes (docs/events.md); any other value counts as
+#: :data:`OTHER_REASON`, so a hostile log cannot grow the state or a metric's labels.
+PREEMPT_REASONS = ("kv_cache", "reset")
+OTHER_REASON = "other"
 
 
 def budget_use(scheduled: int, budget: int | None) -> float | None:
@@ -79,7 +85,69 @@ def per_second(amount: float, span_s: float | None) -> float | None:
     return amount / span_s if span_s else None
 
 
+def preempt_reason(reason: str | None) -> str:
+    """A ``preempt`` event's ``reason`` as one of :data:`PREEMPT_REASONS`, else
+    :data:`OTHER_REASON` (absent or unknown)."""
+    return reason if reason in PREEMPT_REASONS else OTHER_REASON
+
+
 # -- distributions ------------------------------------------------------------------------
+
+#: Upper bounds of the bucketed distributions (:class:`Buckets`) the state and the
+#: metrics keep. Seconds of ``schedule()`` per step (10 µs .. 250 ms):
+SCHEDULE_S_BOUNDS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25)
+#: Seconds of a request's queue time and time to first token: vLLM's own buckets for
+#: ``vllm:time_to_first_token_seconds`` (vllm/v1/metrics/loggers.py), so quantiles of
+#: both sides line up.
+LATENCY_S_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+#: Tokens scheduled in one step: powers of two, 1 .. 65,536.
+STEP_TOKENS_BOUNDS = tuple(float(2 ** i) for i in range(17))
+#: Share of a step's token budget it used (0..1).
+BUDGET_USE_BOUNDS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+#: Prefill chunks of the pass that produced a prompt's first token.
+CHUNKS_PER_PROMPT_BOUNDS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
+
+
+class Buckets:
+    """A distribution kept as counts per bucket of fixed upper bounds, plus the sum of
+    the values: bounded memory however many values it sees (Prometheus' histogram).
+
+    ``counts[i]`` counts the values ``<= bounds[i]`` and above the previous bound; the
+    last count (one more than there are bounds) the values above every bound.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Iterable[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def add(self, value: float, n: int = 1) -> None:
+        """Count ``value`` ``n`` times."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+
+    @classmethod
+    def of_counts(cls, counts: dict[float, int], bounds: Iterable[float]) -> "Buckets":
+        """Of an exact histogram ``{value: count}`` (as the state keeps some)."""
+        b = cls(bounds)
+        for value, n in counts.items():
+            b.add(value, n)
+        return b
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, values <= it)`` per bound, ending with ``(inf, count)``."""
+        out, total = [], 0
+        for bound, n in zip(self.bounds + (math.inf,), self.counts):
+            total += n
+            out.append((bound, total))
+        return out
 
 
 def quantile(sorted_values: list[float], q: float) -> float | None:

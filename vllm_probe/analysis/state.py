@@ -3,8 +3,10 @@
 The one request-lifecycle model: it feeds the dashboard, the ``--plain`` lines, the
 summary, compare and the Perfetto export, so every view agrees on what "queue time" or
 "time to first token" means. Memory is bounded for a run of any length: steps are kept
-in a rolling window, finished requests in a bounded list, run totals as counters and
-exact histograms; a consumer that needs every finished request (the summary) sets
+in a rolling window, finished requests in a bounded list, run totals as counters,
+exact histograms and bucketed ones (:class:`~vllm_probe.analysis.figures.Buckets`, for
+values as many as the steps or requests: schedule() time, queue time, time to first
+token); a consumer that needs every finished request (the summary) sets
 ``RunState.on_request_finished``, one that follows every transition (the Perfetto export) a
 :class:`StateListener`. Events come in as the records of
 :mod:`vllm_probe.schema.records` (what the reader yields) or as dicts (hand-made
@@ -15,12 +17,16 @@ Requests and their timings: :mod:`vllm_probe.analysis.requests`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..schema.records import STRUCTS, from_dict
-from .figures import LIMITS, budget_use, bound_by, chunk_reread_tokens, per_second, share
+from .figures import (
+    LATENCY_S_BOUNDS, LIMITS, PREEMPT_REASONS, SCHEDULE_S_BOUNDS, Buckets, budget_use, bound_by,
+    chunk_reread_tokens, per_second, preempt_reason, share,
+)
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, RequestState
 from .timeline import MAX_SPANS, Timeline
 
@@ -115,12 +121,17 @@ class EngineState:
     decode_tokens: int = 0
     schedule_us_total: float = 0.0
     schedule_us_max: float = 0.0
+    #: seconds inside ``schedule()`` per step (steps with ``schedule_us``)
+    schedule_s: Buckets = field(default_factory=lambda: Buckets(SCHEDULE_S_BOUNDS))
     #: exact histogram of the steps' ``(scheduled_tokens, token_budget)`` (absent: 0) -> steps;
     #: its size is bounded by the distinct pairs, not by the number of steps
     step_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
     stepping_since: float | None = None  # earliest step start (ts - schedule_us), epoch s
     last_step_ts: float | None = None  # latest ts of a step event, epoch s
     preemptions: int = 0  # preempt events
+    #: preempt events and their discarded tokens by ``reason`` (figures.preempt_reason)
+    preemptions_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
+    discarded_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
     step_preemptions: int = 0  # ids in the steps' ``preempted`` lists (right with preempt events off)
     requests_preempted: int = 0  # distinct requests preempted at least once
     discarded_tokens: int = 0
@@ -155,7 +166,16 @@ class EngineState:
     #: what the requests asked for (``request_added``): field -> value -> requests, for
     #: :data:`SAMPLING_FIELDS` (compared with a settings file's ``sampling`` section)
     sampling_seen: dict[str, dict[Any, int]] = field(default_factory=lambda: {k: {} for k in SAMPLING_FIELDS})
+    #: seconds of queue time / time to first token (definitions in analysis/requests.py),
+    #: each counted once per request as soon as it is known (finished or not)
+    queue_s: Buckets = field(default_factory=lambda: Buckets(LATENCY_S_BOUNDS))
+    ttft_s: Buckets = field(default_factory=lambda: Buckets(LATENCY_S_BOUNDS))
     bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
+    #: steps by their ``head_blocked_by`` reason (part 8, "why the head of the waiting
+    #: queue was not admitted"). Empty until step events carry that field and ``_step``
+    #: counts it; the metrics export it as ``vllm_probe_steps_by_head_blocked_total`` as
+    #: soon as it holds a count (exporters/prometheus.py).
+    head_blocked_steps: dict[str, int] = field(default_factory=dict)
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
     probe_stats: dict[Any, Any] = field(default_factory=dict)
@@ -223,6 +243,12 @@ class EngineState:
         reqs = [r for r in self.requests.values() if r.phase == PREFILL]
         reqs.sort(key=lambda r: (r.first_scheduled_step if r.first_scheduled_step is not None else 1 << 62, r.req_id))
         return reqs
+
+    @property
+    def events_written(self) -> int:
+        """Event lines the probe wrote in this engine core (events; last ``probe_stats`` of
+        each pid: known once the engine core writes one, at its stop)."""
+        return sum(ps.events_written or 0 for ps in self.probe_stats.values())
 
     @property
     def events_dropped(self) -> int:
@@ -425,7 +451,13 @@ class RunState:
         scheduled = ev.scheduled_tokens or 0
         budget = ev.token_budget
         prefill, decode = ev.prefill_tokens, ev.decode_tokens
-        schedule_us = ev.schedule_us or 0.0
+        schedule_us = ev.schedule_us
+        if schedule_us is None:
+            schedule_us = 0.0
+        else:  # Buckets.add inlined: this runs for every step of every reader
+            schedule_s, hist = schedule_us * 1e-6, eng.schedule_s
+            hist.counts[bisect_left(hist.bounds, schedule_s)] += 1
+            hist.sum += schedule_s
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill
@@ -474,6 +506,7 @@ class RunState:
             for req in done:
                 req.first_token_ts = ts
                 del eng._awaiting_token[req.req_id]
+                self._first_token(eng, req)
         if self.listener is not None:
             self.listener.on_step(eng, ev)
 
@@ -508,6 +541,9 @@ class RunState:
                 req.first_scheduled_ts = ev.ts
                 req.first_scheduled_step = ev.step
                 req.prefix_hit_tokens = hits
+                queue_s = req.queue_time_s
+                if queue_s is not None:
+                    eng.queue_s.add(queue_s)
         if ev.resumed:
             req.recomputed_tokens += end - start
             eng.recomputed_tokens += end - start
@@ -537,6 +573,9 @@ class RunState:
             eng.requests_preempted += 1
         discarded = ev.discarded_tokens or 0
         eng.discarded_tokens += discarded
+        reason = preempt_reason(ev.reason)
+        eng.preemptions_by_reason[reason] = eng.preemptions_by_reason.get(reason, 0) + 1
+        eng.discarded_by_reason[reason] = eng.discarded_by_reason.get(reason, 0) + discarded
         req.preemptions = ev.num_preemptions or req.preemptions + 1
         req.discarded_tokens += discarded
         if ev.output_tokens is not None:
@@ -589,6 +628,7 @@ class RunState:
             req.preemptions = num_preemptions
         if eng._awaiting_token.pop(req.req_id, None) is not None:
             req.first_token_ts = ts
+            self._first_token(eng, req)
         eng.finished.append(req)
         if self.on_request_finished is not None:
             self.on_request_finished(req)
@@ -597,6 +637,13 @@ class RunState:
 
     def _probe_stats(self, eng: EngineState, ev) -> None:
         eng.probe_stats[ev.pid] = ev
+
+    @staticmethod
+    def _first_token(eng: EngineState, req: RequestState) -> None:
+        """The request's first token is known (``first_token_ts`` just set)."""
+        ttft_s = req.ttft_s
+        if ttft_s is not None:
+            eng.ttft_s.add(ttft_s)
 
 
 class StateListener:

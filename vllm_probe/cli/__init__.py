@@ -5,12 +5,13 @@ Each subcommand is a module with ``add_arguments(parser)`` and ``main(args) -> i
 the modules are imported to build the parser and import their views (rich) and vLLM
 only when they run, so reading commands work without vLLM installed::
 
-    vllm-probe run [--settings FILE] [--out DIR] [--live] -- COMMAND [ARGS...]
+    vllm-probe run [--settings FILE] [--out DIR] [--live] [--metrics-port PORT] -- COMMAND [ARGS...]
     vllm-probe COMMAND [ARGS...]          # shorthand for `run -- COMMAND ...`
     vllm-probe tail [RUN_DIR] [--plain] [--replay [SPEED]]
     vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto] [filters]
     vllm-probe summary RUN_DIR [--json]
     vllm-probe compare RUN_DIR RUN_DIR [...]
+    vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
@@ -43,6 +44,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vllm_probe.cli.export", "merge a run's events into one JSONL file or a Perfetto trace"),
     "summary": ("vllm_probe.cli.summary", "one-screen summary of a run"),
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
+    "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 

@@ -1,13 +1,22 @@
-"""``vllm-probe run [--settings FILE] [--out DIR] [--live] -- COMMAND [ARGS...]``."""
+"""``vllm-probe run [--settings FILE] [--out DIR] [--live] [--metrics-port PORT [--metrics-host HOST]]
+-- COMMAND [ARGS...]``.
+
+``--metrics-port`` serves the run's Prometheus metrics from this process (never from
+the engine core) for as long as the command runs: the port is bound before the run
+directory is made, so a port in use is one line and nothing starts; the command's exit
+stops the server. See :mod:`vllm_probe.cli.metrics` for the same as a sidecar.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..runs.launcher import LaunchError, resolve_command, run_foreground
 from ..settings import load_settings
 from . import CliError, path_arg
+from .metrics import DEFAULT_HOST, port_number, start_server
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run directory to create (default: a new one under ./vllm-probe-runs/)")
     p.add_argument("--live", action="store_true",
                    help="show the live dashboard; the command's output goes to command.log")
+    p.add_argument("--metrics-port", type=port_number, metavar="PORT",
+                   help="serve Prometheus metrics of the run on http://HOST:PORT/metrics while the command runs")
+    p.add_argument("--metrics-host", metavar="HOST",
+                   help=f"address of the metrics server (default {DEFAULT_HOST}; 0.0.0.0 for a pod's network)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                    help="the command that starts vLLM")
 
@@ -29,12 +42,28 @@ def main(args: argparse.Namespace) -> int:
     if settings.ignored:
         print(f"vllm-probe: {settings.source}: section{'s' if len(settings.ignored) > 1 else ''} "
               f"{', '.join(settings.ignored)} left alone (not the probe's)", file=sys.stderr)
+    if args.metrics_host is not None and args.metrics_port is None:
+        raise CliError("--metrics-host needs --metrics-port")
     try:
         resolve_command(command)
+    except LaunchError as e:
+        raise CliError(str(e), e.code) from None
+    server = None
+    if args.metrics_port is not None:
+        server = start_server(args.metrics_host or DEFAULT_HOST, args.metrics_port)
+    try:
+        on_start = None
+        if server is not None:
+            def on_start(run_dir: Path) -> None:
+                server.follow(run_dir)
+                print(f"vllm-probe: metrics -> {server.url}", file=sys.stderr, flush=True)
         if args.live:
             from ..tui.watch import run_live
 
-            return run_live(command, settings, args.out)
-        return run_foreground(command, settings, args.out)
+            return run_live(command, settings, args.out, on_start=on_start)
+        return run_foreground(command, settings, args.out, on_start=on_start)
     except LaunchError as e:
         raise CliError(str(e), e.code) from None
+    finally:
+        if server is not None:
+            server.close()

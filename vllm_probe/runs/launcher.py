@@ -21,7 +21,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import msgspec
 
@@ -266,15 +266,20 @@ def _wait_passing_signals(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-def run_foreground(command: list[str], settings: Settings, out: Path | None = None) -> int:
+def run_foreground(command: list[str], settings: Settings, out: Path | None = None,
+                   on_start: Callable[[Path], None] | None = None) -> int:
     """``vllm-probe run`` without ``--live``: the command keeps the terminal.
 
     Ctrl-C reaches the command directly (same process group); SIGTERM, and SIGINT sent
-    to us by another process (``kill -INT``), are passed on. Returns the command's exit
-    code (128+N when killed by signal N).
+    to us by another process (``kill -INT``), are passed on. ``on_start(run_dir)`` is
+    called once the run directory exists, before the command starts (``run
+    --metrics-port`` starts following it there). Returns the command's exit code
+    (128+N when killed by signal N).
     """
     run_dir, meta = start_run(command, settings, out)
     print(f"vllm-probe: events -> {run_dir}", file=sys.stderr, flush=True)
+    if on_start is not None:
+        on_start(run_dir)
     proc = spawn(command, run_dir, settings)
 
     def forward(signum: int, _frame: Any) -> None:
@@ -365,8 +370,10 @@ class SupervisedRun:
     """
 
     def __init__(self, command: list[str], settings: Settings, out: Path | None = None,
-                 grace_s: float = GRACE_S) -> None:
+                 grace_s: float = GRACE_S, on_start: Callable[[Path], None] | None = None) -> None:
         self.run_dir, self.meta = start_run(command, settings, out)
+        if on_start is not None:  # as run_foreground's
+            on_start(self.run_dir)
         self.log_path = self.run_dir / COMMAND_LOG
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "ab", buffering=0) as log:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from rich.console import Console, RenderableType
 from rich.panel import Panel
@@ -255,7 +255,8 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
 
 
 def run_live(command: list[str], settings: Settings, out: Path | str | None = None, *,
-             grace_s: float = GRACE_S, refresh_hz: float = REFRESH_HZ, console: Console | None = None) -> int:
+             grace_s: float = GRACE_S, refresh_hz: float = REFRESH_HZ, console: Console | None = None,
+             on_start: Callable[[Path], None] | None = None) -> int:
     """``vllm-probe run --live``: run ``command`` with the probe, dashboard in this terminal.
 
     The command's stdout and stderr go to ``command.log`` in the run directory. Ctrl-C
@@ -264,13 +265,14 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
     of its log are printed. The run directory is completed (``meta.json`` with end time
     and exit code) in every case. Returns the command's exit code (128+N when killed
     by signal N). When stdout is not a terminal, ``--plain`` lines are printed instead.
+    ``on_start``: as :func:`vllm_probe.runs.launcher.run_foreground`'s.
 
     Raises:
         LaunchError, RunDirError: as :class:`vllm_probe.runs.launcher.SupervisedRun`.
     """
     console = console or Console()
     plain = not console.is_terminal
-    run = SupervisedRun(command, settings, Path(out) if out is not None else None, grace_s)
+    run = SupervisedRun(command, settings, Path(out) if out is not None else None, grace_s, on_start)
     print(f"vllm-probe: events -> {run.run_dir}  (command output -> {run.log_path})", file=sys.stderr, flush=True)
     watcher = Watcher(run.run_dir, plain_out=sys.stdout if plain else None)
     shown_meta = dict(run.meta)  # what the header shows; gets the end time when the command ends
