@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 
@@ -27,6 +28,8 @@ def test_exit_code_is_passed_on_and_recorded(tmp_path):
 def test_environment_enables_the_plugin(tmp_path, monkeypatch):
     out = tmp_path / "run"
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    for name in [k for k in os.environ if k.startswith("VLLMPROBE_")]:
+        monkeypatch.delenv(name)  # CI's own VLLMPROBE_TEST_* switches are not the launcher's
     proc = run_cli("run", "--out", str(out), "--settings", "configs/settings.minimal.yaml",
                    "--", sys.executable, "-c", SHOW_ENV)
     assert proc.returncode == 0, proc.stderr
@@ -41,7 +44,6 @@ def test_environment_enables_the_plugin(tmp_path, monkeypatch):
 
 
 def test_vllm_plugins_gets_ours_added(tmp_path):
-    import os
 
     env = {**os.environ, "VLLM_PLUGINS": "other_plugin"}
     proc = run_cli("run", "--out", str(tmp_path / "r"), "--", sys.executable, "-c", SHOW_ENV, env=env)
