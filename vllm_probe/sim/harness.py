@@ -36,6 +36,7 @@ from typing import Any
 
 import msgspec
 
+from ..engine.sink import Deferred
 from .tiny_model import DEFAULT_DIR, write_tiny_model
 
 
@@ -101,14 +102,16 @@ class SchedulerSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None = None) -> Any:
-    """Build a real vLLM ``Scheduler`` (or ``scheduler_cls``) for ``spec``; no model loaded."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
+def make_vllm_config(spec: SchedulerSpec | None = None) -> Any:
+    """The ``VllmConfig`` :func:`make_scheduler` builds for ``spec``: vLLM validates the
+    settings here (``SchedulerConfig``'s own checks, e.g. a token budget below
+    ``max_num_seqs``), raising pydantic's ``ValidationError`` or ``ValueError``.
 
-    import torch
+    ``async_scheduling`` is set again after vLLM's platform hook: the CPU platform
+    forces it off (``CpuPlatform.check_and_update_config``), and a replay of a GPU run
+    needs the scheduler it recorded.
+    """
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     spec = spec or SchedulerSpec()
     model_dir = write_tiny_model(spec.model_dir or DEFAULT_DIR)
@@ -137,6 +140,24 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
         model_config=model_config, scheduler_config=scheduler_config,
         cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
     )
+    if spec.async_scheduling and hasattr(vllm_config.scheduler_config, "async_scheduling"):
+        vllm_config.scheduler_config.async_scheduling = True
+    return vllm_config
+
+
+def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None = None) -> Any:
+    """Build a real vLLM ``Scheduler`` (or ``scheduler_cls``) for ``spec``; no model loaded.
+
+    Raises what :func:`make_vllm_config` raises for settings vLLM refuses.
+    """
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    import torch
+
+    spec = spec or SchedulerSpec()
+    vllm_config = make_vllm_config(spec)
     kv_cache_config = KVCacheConfig(
         num_blocks=spec.num_blocks,
         kv_cache_tensors=[],
@@ -261,10 +282,13 @@ class MemorySink:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
     def emit(self, kind: Any, ts: float, engine: int, values: Any) -> None:
-        """Keep one event as ``(kind.name, {field: value})``."""
+        """Keep one event as ``(kind.name, {field: value})``; a
+        :class:`~vllm_probe.engine.sink.Deferred` value is computed here, as the file
+        sink's writer would."""
         if type(values) is not tuple:
             values = msgspec.structs.astuple(values)
-        self.events.append((kind.name, dict(zip(kind.field_names, values))))
+        self.events.append((kind.name, {k: v() if type(v) is Deferred else v
+                                        for k, v in zip(kind.field_names, values)}))
 
     def of(self, name: str) -> list[dict[str, Any]]:
         """The fields of every event of kind ``name``, in emission order."""
