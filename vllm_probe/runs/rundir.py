@@ -105,6 +105,8 @@ def event_files(run_dir: Path) -> list[Path]:
 def latest_run(root: Path | None = None) -> Path:
     """The newest run directory under ``root``: directly in it, or one level down (as
     ``examples/compare_budgets.py`` nests its runs), by ``meta.json``'s start time.
+    Simulated runs (``vllm-probe whatif``'s, ``meta.json`` ``simulated``) are not
+    candidates: "the latest run" is the latest one recorded.
 
     Raises:
         RunDirError: ``root`` does not exist or holds no run.
@@ -112,7 +114,8 @@ def latest_run(root: Path | None = None) -> Path:
     root = Path(root or DEFAULT_ROOT)
     if not root.is_dir():
         raise RunDirError(f"no run directory: {root} does not exist (start one with `vllm-probe run -- COMMAND`)")
-    runs = [m.parent for pattern in (f"*/{META_FILE}", f"*/*/{META_FILE}") for m in root.glob(pattern)]
+    runs = [m.parent for pattern in (f"*/{META_FILE}", f"*/*/{META_FILE}") for m in root.glob(pattern)
+            if not read_meta(m.parent).get("simulated")]
     if not runs:
         raise RunDirError(f"no run directory under {root} (start one with `vllm-probe run -- COMMAND`)")
 

@@ -19,7 +19,9 @@ from ..analysis.summary import Summary
 from .format import figure
 
 
-def _fmt_delta(f: Figure, base: Any, value: Any) -> Text:
+def fmt_delta(f: Figure, base: Any, value: Any) -> Text:
+    """``value`` against ``base`` as the compare table shows it: ``+512 (+50%)``, green
+    when better, red when worse, ``=`` when equal."""
     d, rel, verdict = delta(f, base, value)
     if d is None:
         return Text("")
@@ -85,7 +87,7 @@ def render(summaries: list[Summary]) -> Group:
         values = [f.get(s) for s in summaries]
         cells: list[Any] = [figure(values[0], f.unit)]
         for v in values[1:]:
-            cells += [figure(v, f.unit), _fmt_delta(f, values[0], v)]
+            cells += [figure(v, f.unit), fmt_delta(f, values[0], v)]
         t.add_row(f.label, *cells)
     parts.append(t)
     return Group(*parts)
