@@ -140,8 +140,16 @@ def test_baseline_of_a_run_with_known_costs_is_exact(tmp_path):
     from vllm_probe.sim.whatif import predict
 
     run = record(tmp_path / "run", hand_workload())
-    r = predict(run, [{"num_kv_blocks": 400}], out=tmp_path / "out")
+    cfg = load_workload(run).config  # the harness's scheduler: 0.3 of this machine's memory, 8 KiB blocks
+    assert (cfg["gpu_memory_utilization"], cfg["kv_block_bytes"]) == (0.3, 8192) and cfg["device_memory_bytes"] > 0
+    utilization = 0.3 + 340.5 * 8192 / cfg["device_memory_bytes"]  # 340.5 blocks more: 340
+    r = predict(run, [{"num_kv_blocks": 400}, {"gpu_memory_utilization": utilization}], out=tmp_path / "out")
     assert r.error["within"], r.error
+    by_memory = r.configs[1]
+    assert by_memory.settings["num_kv_blocks"] == 400 and by_memory.summary.config["num_kv_blocks"] == 400
+    sim_config = load_workload(by_memory.run_dir).config
+    assert sim_config["gpu_memory_utilization"] == utilization and sim_config["kv_block_bytes"] == 8192
+    assert by_memory.summary.preemptions.count == r.configs[0].summary.preemptions.count == 0
     for label, row in r.error["figures"].items():
         assert row["value"] == pytest.approx(row["reference"], rel=1e-6), label
     rec, base = r.recorded, r.baseline.summary
@@ -366,18 +374,31 @@ def test_a_run_without_request_events_names_the_flag(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == f"vllm-probe: error: {e.value}"
 
 
-def test_whatif_without_vllm_says_so_in_one_line(monkeypatch, capsys, tmp_path):
-    """Reading commands work without vLLM; whatif needs it and says so before reading anything."""
-    import importlib.util
+def test_whatif_without_vllm_says_so_in_one_line(tmp_path):
+    """In a process where ``import vllm`` fails, the reading commands (the trace export
+    included) work and whatif says in one line that it needs vLLM."""
+    import subprocess
+    import sys
 
-    from vllm_probe.cli import main
+    from tests._events import scenario_chunked
+    from tests.conftest import ROOT
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    assert main(["whatif", str(tmp_path), "--set", "max_num_seqs=8"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["vllm-probe: error: whatif replays vLLM's own scheduler and needs vLLM installed in this "
-                   "environment (pip install vllm); summary, compare, tail and export work without it"]
+    run = tmp_path / "run"
+    scenario_chunked().write(run)
+    no_vllm = ("import sys; sys.modules['vllm'] = None; from vllm_probe.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", no_vllm, *args], capture_output=True, text=True, cwd=ROOT,
+                              timeout=120)
+
+    assert cli("summary", str(run)).returncode == 0
+    assert cli("export", str(run), "--format", "trace", "-o", str(tmp_path / "t.jsonl")).returncode == 0
+    r = cli("whatif", str(run), "--set", "max_num_seqs=8")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "vllm-probe: error: whatif replays vLLM's own scheduler and needs vLLM installed in this environment "
+        "(pip install vllm); summary, compare, tail and export work without it"]
 
 
 def test_whatif_usage_errors(tmp_path):

@@ -15,6 +15,7 @@ unknown or impossible setting, a run without request or step events, a bad trace
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from ..runs.rundir import resolve_run_dir
@@ -44,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Mooncake traces 512)")
     p.add_argument("--trace-sec-multiplier", type=float, default=1.0, metavar="X",
                    help="multiplies --trace timestamps into seconds (0.001 for milliseconds)")
+    p.add_argument("--step-time-scale", type=float, default=1.0, metavar="X",
+                   help="multiplies every predicted step time (1.25: the engine 25%% slower than when recorded)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -68,11 +71,15 @@ def main(args: argparse.Namespace) -> int:
     except WhatifError as e:
         raise CliError(str(e), code=EXIT_NO_EVENTS) from None
     run_dir = resolve_run_dir(args.like or args.run_dir)
+    # vLLM's import-time warnings about this machine's backend (Triton, block size) are
+    # about the engine it is not running; errors still show
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     print(f"vllm-probe: replaying {run_dir}" + (f" with the requests of {args.trace}" if args.trace else "")
           + f": baseline and {len([g for g in grid if g])} setting(s), {args.jobs} at a time", file=sys.stderr)
     try:
         result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
-                         trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier)
+                         trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,
+                         step_time_scale=args.step_time_scale)
     except (SettingError, WorkloadError, TraceError) as e:
         raise CliError(str(e)) from None
     except WhatifError as e:

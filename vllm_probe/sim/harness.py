@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 
 from ..engine.sink import Deferred
-from .tiny_model import DEFAULT_DIR, write_tiny_model
+from .tiny_model import DEFAULT_DIR, MAX_POSITIONS, write_tiny_model
 
 
 def _accepts(func: Any, name: str) -> bool:
@@ -114,7 +114,11 @@ def make_vllm_config(spec: SchedulerSpec | None = None) -> Any:
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     spec = spec or SchedulerSpec()
-    model_dir = write_tiny_model(spec.model_dir or DEFAULT_DIR)
+    if spec.model_dir is None and spec.max_model_len > MAX_POSITIONS:  # a run of a long-context model
+        model_dir = write_tiny_model(DEFAULT_DIR.with_name(f"{DEFAULT_DIR.name}-{spec.max_model_len}"),
+                                     max_positions=spec.max_model_len)
+    else:
+        model_dir = write_tiny_model(spec.model_dir or DEFAULT_DIR)
     model_config = ModelConfig(
         str(model_dir), skip_tokenizer_init=True, max_model_len=spec.max_model_len,
         dtype="float32", seed=0,
@@ -238,23 +242,33 @@ def step(sched: Any) -> Any:
 
 def fake_model_output(sched: Any, out: Any) -> Any:
     """The ``ModelRunnerOutput`` a model would return for ``out`` (see :func:`step`)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     req_ids = list(out.num_scheduled_tokens)
     sampled = []
     for rid in req_ids:
         req = sched.requests.get(rid)
         done = req is not None and req.num_computed_tokens >= req.num_tokens
         sampled.append([7] if done else [])
-    mro_kwargs: dict[str, Any] = dict(
-        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-    )
-    if _accepts(ModelRunnerOutput, "pooler_output"):
-        mro_kwargs["pooler_output"] = []
-    if _accepts(ModelRunnerOutput, "spec_token_ids"):
-        mro_kwargs["spec_token_ids"] = None
-    return ModelRunnerOutput(**mro_kwargs)
+    return model_runner_output(req_ids, sampled)
+
+
+_output_kwargs: list[dict[str, Any]] = []
+
+
+def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
+    """vLLM's ``ModelRunnerOutput`` with ``sampled[i]`` the tokens of ``req_ids[i]``
+    (the release-dependent arguments are looked up once per process)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if not _output_kwargs:
+        extra: dict[str, Any] = {}
+        if _accepts(ModelRunnerOutput, "pooler_output"):
+            extra["pooler_output"] = []
+        if _accepts(ModelRunnerOutput, "spec_token_ids"):
+            extra["spec_token_ids"] = None
+        _output_kwargs.append(extra)
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             **_output_kwargs[0])
 
 
 def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:

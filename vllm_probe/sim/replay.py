@@ -49,7 +49,7 @@ from ..engine import patches
 from ..engine.hooks import Runtime
 from ..schema.events import ENGINE_CONFIG
 from ..settings import ProbeFlags
-from .harness import SchedulerSpec, _fit, _hash_fn, fake_model_output, make_scheduler
+from .harness import SchedulerSpec, _fit, _hash_fn, make_scheduler, model_runner_output
 from .stepmodel import ShapeTracker, output_features
 
 #: Token id the fake model samples; :data:`STOP_TOKEN` ends a ``stop`` request.
@@ -191,17 +191,21 @@ def _model_output(sched: Any, out: Any, samplers: set[str], stop_at: dict[str, i
     """vLLM's ``ModelRunnerOutput`` for ``out``: one token for each request in
     ``samplers`` (its step ended its prefill or decoded), the stop token when it is a
     ``stop`` request's last."""
-    mro = fake_model_output(sched, out)
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
     requests = sched.requests
-    for i, rid in enumerate(mro.req_ids):
+    for rid in req_ids:
         if rid not in samplers:
-            mro.sampled_token_ids[i] = []
+            sampled.append([])
             continue
         last = stop_at.get(rid)
-        req = requests.get(rid)
-        done = last is not None and req is not None and req.num_output_tokens + 1 >= last
-        mro.sampled_token_ids[i] = [STOP_TOKEN if done else SAMPLE_TOKEN]
-    return mro
+        if last is not None:
+            req = requests.get(rid)
+            if req is not None and req.num_output_tokens + 1 >= last:
+                sampled.append([STOP_TOKEN])
+                continue
+        sampled.append([SAMPLE_TOKEN])
+    return model_runner_output(req_ids, sampled)
 
 
 def _samplers(sched: Any, out: Any) -> set[str]:
@@ -209,15 +213,11 @@ def _samplers(sched: Any, out: Any) -> set[str]:
     tokens reach their end after it (``Request.is_prefill_chunk`` is False; vLLM sets it
     in ``_update_after_schedule``, placeholders of async scheduling included)."""
     requests = sched.requests
-    got = set()
-    for rid in out.num_scheduled_tokens:
-        req = requests[rid]
-        chunk = getattr(req, "is_prefill_chunk", None)
-        if chunk is None:  # releases without the flag (sync scheduling only)
-            chunk = req.num_computed_tokens < req.num_tokens
-        if not chunk:
-            got.add(rid)
-    return got
+    try:
+        return {rid for rid in out.num_scheduled_tokens if not requests[rid].is_prefill_chunk}
+    except AttributeError:  # releases without the flag (sync scheduling only)
+        return {rid for rid in out.num_scheduled_tokens
+                if requests[rid].num_computed_tokens >= requests[rid].num_tokens}
 
 
 def replay(

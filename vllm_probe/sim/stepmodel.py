@@ -38,7 +38,8 @@ hold 4 requests, ordinary least squares trades the slope against the intercept),
 ``rounds`` times the ``trim`` share of rows with the largest residual is dropped and the
 fit redone (stalls from other processes, GC, IPC), then the intercept is moved so the
 residuals over *all* rows average zero: stalls are part of the wall time that TTFT and
-duration must reproduce.
+duration must reproduce. :attr:`Quality.drift` says how much the machine's speed moved
+during the run (the model assumes it did not).
 """
 
 from __future__ import annotations
@@ -158,6 +159,20 @@ def recorded_features(w: Workload) -> tuple[np.ndarray, np.ndarray]:
     return rows, periods
 
 
+def decode_period_s(w: Workload) -> float | None:
+    """The median period of the run's decode-only steps with its most common decode count
+    (s): a gauge of how fast the machine ran, comparable between runs of one workload
+    (on the tiny CPU model these steps are nearly all fixed cost). None without such steps."""
+    rows, periods = recorded_features(w)
+    ok = np.isfinite(periods) & (rows[:, _INDEX["prefill_tokens"]] == 0) & (rows[:, _INDEX["decode_reqs"]] > 0)
+    if not ok.any():
+        return None
+    counts = rows[ok, _INDEX["decode_reqs"]]
+    values, n = np.unique(counts, return_counts=True)
+    common = values[np.argmax(n)]
+    return float(np.median(periods[ok][counts == common]))
+
+
 @dataclass
 class Quality:
     """How well the model fits the run it was fitted on (per step; ms)."""
@@ -170,6 +185,9 @@ class Quality:
     kept: int  # of those, kept after trimming
     predicted_s: float  # sum of the predicted periods
     measured_s: float  # sum of the measured periods
+    #: how much the machine's speed moved while the run ran: the largest |measured /
+    #: predicted − 1| of the summed periods of the run's tenths (steps in order; 0.1: ±10 %)
+    drift: float = 0.0
 
 
 @dataclass
@@ -284,8 +302,10 @@ def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rou
         ss = float(np.sum((y[mask] - y[mask].mean()) ** 2))
         return 1.0 - float(np.sum((y[mask] - pred[mask]) ** 2)) / ss if ss > 0 else None
 
+    tenths = [float(a.sum() / b.sum()) - 1.0 for a, b in zip(np.array_split(y, 10), np.array_split(pred, 10))
+              if len(a) and b.sum() > 0]
     quality = Quality(r2=r2(np.ones(len(y), bool)), r2_trimmed=r2(keep),
                       median_abs_ms=float(np.median(err) * 1e3), p90_abs_ms=float(np.quantile(err, 0.9) * 1e3),
                       steps=int(len(y)), kept=int(keep.sum()), predicted_s=float(pred.sum()),
-                      measured_s=float(y.sum()))
+                      measured_s=float(y.sum()), drift=max((abs(t) for t in tenths), default=0.0))
     return StepTimeModel(terms, b0, tuple(float(c) for c in b), quality)

@@ -65,6 +65,9 @@ BASELINE_TOLERANCES = {
     "TTFT median": 0.05,
     "TTFT p90": 0.05,
 }
+#: Above this drift of the recorded run's speed (:attr:`~vllm_probe.sim.stepmodel.Quality.drift`)
+#: a note says the model cannot follow it (±25 %: runs on the quiet machine drift 10-20 %).
+DRIFT_NOTE = 0.25
 #: Events the replay's sink may hold before its writer drains them (the writer runs
 #: every 0.1 s; a replay emits a few thousand events in that time).
 SINK_CAPACITY = 1 << 20
@@ -155,7 +158,7 @@ def require_vllm() -> None:
 
 def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | None = None, jobs: int = 1,
             *, trace: str | Path | None = None, trace_hash_size: int = 16,
-            trace_sec_multiplier: float = 1.0, mode: str = "timed") -> WhatifResult:
+            trace_sec_multiplier: float = 1.0, mode: str = "timed", step_time_scale: float = 1.0) -> WhatifResult:
     """Replay the run in ``run_dir`` at its own settings and at each point of ``grid``.
 
     Args:
@@ -173,6 +176,8 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
             and ``--timed-trace-sec-multiplier``.
         mode: ``timed`` (arrivals by time) or ``steps`` (by recorded step index; the
             recorded schedule exactly, whatever the model).
+        step_time_scale: multiplies every predicted step time, the baseline's too
+            (1.25: an engine 25 % slower than during the recording).
 
     Raises:
         WhatifError, SettingError, WorkloadError: see the module docstring.
@@ -185,6 +190,16 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
         model = fit(recorded_w)
     except ValueError as e:
         raise WhatifError(str(e)) from None
+    drift = model.quality.drift if model.quality else 0.0
+    if drift > DRIFT_NOTE:
+        notes.append(f"the recorded run's step times drifted by up to ±{drift * 100:.0f} % between tenths of the "
+                     "run (the machine's speed changed while it ran); the model assumes one speed, so queues that "
+                     "built up in slow stretches are not replayed (docs/whatif.md)")
+    if step_time_scale <= 0:
+        raise WhatifError(f"the step-time scale must be positive, not {step_time_scale}")
+    model.scale = step_time_scale
+    if step_time_scale != 1.0:
+        notes.append(f"every step time is scaled by {step_time_scale:g}, the baseline's too")
     w = recorded_w
     if trace is not None:
         from ..exporters.trace import trace_workload

@@ -35,7 +35,8 @@ def _model_line(model: Any) -> Text:
         r2 = "-" if q.r2 is None else f"{q.r2:.2f}"
         r2t = "-" if q.r2_trimmed is None else f"{q.r2_trimmed:.2f}"
         line.append(f"\n  fitted on {q.steps:,} steps: R² {r2} ({r2t} without the {q.steps - q.kept} worst), "
-                    f"per-step error median {q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms", style="dim")
+                    f"per-step error median {q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms, "
+                    f"speed drift ±{q.drift * 100:.0f} % over the run", style="dim")
     return line
 
 
@@ -91,9 +92,11 @@ def render(result: Any) -> Group:
     for name, _ in runs[2:]:
         t.add_column(name, justify="right", no_wrap=True)
         t.add_column(f"Δ {name}−base", justify="right", no_wrap=True)
-    changed = [k for k in result.baseline.settings if any(k in c.overrides for c in result.configs)]
+    from_memory = any("gpu_memory_utilization" in c.overrides for c in result.configs)
+    changed = [k for k in result.baseline.settings if any(k in c.overrides for c in result.configs)
+               or (k == "num_kv_blocks" and from_memory)]
     for key in changed:
-        derived = key == "num_kv_blocks" and any("gpu_memory_utilization" in c.overrides for c in result.configs)
+        derived = key == "num_kv_blocks" and from_memory
         cells = [figure(result.baseline.settings.get(key)) if not trace else figure(result.recorded.config.get(key)),
                  figure(result.baseline.settings.get(key))]
         for c in result.configs:
