@@ -499,3 +499,30 @@ def test_latest_run_skips_simulated_runs(tmp_path):
     (tmp_path / "real-whatif" / "baseline").mkdir(parents=True)
     write_meta(tmp_path / "real-whatif" / "baseline", {"start_time": 2.0, "simulated": True})
     assert latest_run(tmp_path) == tmp_path / "real"
+
+
+@requires_vllm
+def test_a_replay_puts_a_probe_installed_before_it_back():
+    """A replay inside a process where the plugin's probe is installed (a script run
+    under ``vllm-probe run``): its events go to the replay's sink, and the plugin's
+    probe is back on the scheduler afterwards."""
+    import vllm
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_probe.engine import hooks, patches
+    from vllm_probe.settings import ProbeFlags
+    from vllm_probe.sim.harness import MemorySink, SchedulerSpec, make_request, make_scheduler, run_until_idle
+    from vllm_probe.sim.replay import replay
+
+    plugin_sink, replay_sink = MemorySink(), MemorySink()
+    plugin = hooks.Runtime(ProbeFlags(), lambda _rt: plugin_sink)
+    patches.install(Scheduler, plugin, vllm.__version__)
+    try:
+        replay(hand_workload(n=3, gap_at=None), SchedulerSpec(**SPEC), known_cost, replay_sink)
+        assert len(replay_sink.of("request_finished")) == 3 and plugin_sink.events == []
+        sched = make_scheduler(SchedulerSpec(**SPEC))
+        sched.add_request(make_request(40, 3))
+        run_until_idle(sched)
+        assert len(plugin_sink.of("request_finished")) == 1
+    finally:
+        assert patches.uninstall(Scheduler) is plugin

@@ -264,13 +264,18 @@ def replay(
     clock = VirtualClock()
     target = _ConfigOverlay(sink, config_overlay or {})
     rt = Runtime(flags or ProbeFlags(), lambda _rt: target, clock=clock.time, timer=clock.time)
-    patches.install(Scheduler, rt, vllm.__version__)
+    previous = patches.uninstall(Scheduler)  # the plugin's probe in this process: back afterwards
     try:
+        patches.install(Scheduler, rt, vllm.__version__)
+        if not rt.patched:  # install() left a class patched elsewhere as it was
+            raise ReplayError("vLLM's Scheduler is patched by another copy of vllm-probe in this process")
         sched = make_scheduler(spec, scheduler_cls)
         return _loop(w, sched, step_time, clock, mode, w.lag_s() if lag_s is None else lag_s,
                      _request_factory(w, spec, prompts), depth, max_steps, RequestStatus)
     finally:
         patches.uninstall(Scheduler)
+        if previous is not None:
+            patches.install(Scheduler, previous, previous.vllm_version)
 
 
 def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mode: str, lag_s: float,
