@@ -155,3 +155,47 @@ def test_predictions_move_as_measured(quick_run, probe_run, tmp_path):
     for config, real in ((result.configs[0], larger_budget), (result.configs[1], more_kv)):
         if burst_pattern(real) == burst_pattern(quick_run):
             assert schedule(config.run_dir) == schedule(real), config.overrides
+
+
+def test_with_the_recorded_step_times_the_replay_keeps_the_recorded_clock(quick_run):
+    """An oracle in place of the model (each step lasts what the recorded one did): every
+    simulated step starts when the recorded one did, so all remaining error in seconds is
+    the step-time model's."""
+    import math
+
+    from vllm_probe.sim import engine_args
+    from vllm_probe.sim.harness import MemorySink
+    from vllm_probe.sim.replay import replay
+    from vllm_probe.sim.stepmodel import fit, recorded_features
+
+    w = load_workload(quick_run)
+    _, periods = recorded_features(w)
+    period = {s.step: p for s, p in zip(w.steps, periods) if not math.isnan(p)}
+    model = fit(w)
+    calls = iter(range(1 << 30))
+
+    def oracle(features):
+        return period.get(next(calls)) or model.predict(features)
+
+    class StepTimes(MemorySink):
+        """Keeps each step event's ``ts`` (the MemorySink keeps fields only)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[float] = []
+
+        def emit(self, kind, ts, engine, values) -> None:
+            if kind.name == "step":
+                self.times.append(ts)
+            super().emit(kind, ts, engine, values)
+
+    _, spec = engine_args.resolve(w.config, {})
+    sink = StepTimes()
+    replay(w, spec, oracle, sink)
+    assert len(sink.times) == len(w.steps)
+    # a simulated step's ts is its start (the clock stands still in schedule()); up to the
+    # step that finished the last request (no period after it: the engine went idle)
+    known = next(i for i, p in enumerate(periods) if math.isnan(p)) + 1
+    assert known >= len(w.steps) - 1
+    assert max(abs(t - s.start) for t, s in zip(sink.times[:known], w.steps[:known])) < 1e-5
+
