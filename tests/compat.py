@@ -371,7 +371,7 @@ def differences_markdown() -> str:
     from vllm_probe.engine import compat
 
     lines = ["| since | what changed in vLLM | how the probe handles it |", "|---|---|---|"]
-    for d in compat.DIFFERENCES:
+    for d in sorted(compat.DIFFERENCES, key=lambda d: d.since):  # stable: in their order within a release
         lines.append(f"| {d.since[0]}.{d.since[1]} | {d.what} | {d.handling} |")
     return "\n".join(lines) + "\n"
 

@@ -53,3 +53,14 @@ def test_metrics_benchmark_quick_prints_its_figures(capsys):
                   "scrape while following 8",
                   "memory over 4,000 steps", "verdict:"):
         assert any(line.startswith(start) for line in out.splitlines()), (start, out)
+@requires_vllm
+def test_whatif_bench_quick_replays_at_8_running(capsys, tmp_path):
+    """bench_whatif --quick: one replay-speed case in its own process, no engine."""
+    from benchmarks import bench_whatif
+
+    report = tmp_path / "whatif.json"
+    assert bench_whatif.main(["--quick", "--json", str(report)]) == 0
+    (row,) = json.loads(report.read_text())["speed"]
+    assert row["running"] == 8 and row["steps"] == 200 and row["dropped"] == 0
+    assert row["events"] >= row["steps"] and row["steps_per_cpu_s"] > 0 and row["peak_rss_mib"] > 0
+    assert "steps/CPU-s" in capsys.readouterr().out

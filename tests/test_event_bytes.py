@@ -1,12 +1,15 @@
 """The bytes the probe writes do not change when its code is reorganised.
 
 ``data/harness_events.masked.jsonl`` was written by the probe as of commit 1649c4d
-(before the package got its folders): the hooks on vLLM 0.32's real Scheduler, driven
-without a model through three workloads (preemptions, chunked prefill, prefix-cache
-hits), into a real ``EventSink`` file. Values that differ from run to run (``ts``,
-``pid``, ``arrival_ts``, ``schedule_us``) are masked; everything else — field order,
-separators, number formatting, omitted optional fields, the final ``probe_stats`` — must
-match byte for byte.
+(before the package got its folders), then again when ``engine_config`` gained the
+scheduler inputs ``whatif`` needs and ``request_added`` its block digests: the hooks on
+vLLM 0.32's real Scheduler, driven without a model through three workloads
+(preemptions, chunked prefill, prefix-cache hits), into a real ``EventSink`` file.
+Values that differ from run to run or machine to machine (``ts``, ``pid``,
+``arrival_ts``, ``schedule_us``, ``device_memory_bytes``, and the block digests, keyed by
+a random salt) are masked; everything else — field order, separators, number
+formatting, omitted optional fields, the final ``probe_stats`` — must match byte for
+byte.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import pytest
 from tests.conftest import requires_vllm
 
 GOLDEN = Path(__file__).parent / "data" / "harness_events.masked.jsonl"
-_VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us)": -?[0-9][0-9.e+-]*')
+_VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us|device_memory_bytes)": -?[0-9][0-9.e+-]*')
+_DIGEST = re.compile(rb'"[0-9a-f]{16}"')
 
 
 def mask(data: bytes) -> bytes:
-    """The line bytes with the run-dependent values replaced by ``_``."""
-    return _VARIES.sub(lambda m: b'"' + m.group(1) + b'": _', data)
+    """The line bytes with the run-dependent values replaced by ``_``; each block digest
+    by ``"d<n>"``, numbered by first appearance, so which blocks are equal still shows."""
+    data = _VARIES.sub(lambda m: b'"' + m.group(1) + b'": _', data)
+    seen: dict[bytes, bytes] = {}
+    return _DIGEST.sub(lambda m: seen.setdefault(m.group(0), b'"d%d"' % len(seen)), data)
 
 
 def record_harness_workloads(out: Path) -> Path:

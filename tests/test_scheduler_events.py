@@ -253,6 +253,64 @@ def test_engine_config_reports_effective_settings(probed):
     assert "Scheduler._preempt_request" in cfg["patched"]
 
 
+def test_engine_config_records_the_scheduler_inputs_a_replay_needs(probed):
+    """The optional fields ``whatif`` rebuilds a scheduler from: the values the harness
+    configured where the release has the setting, absent (None) where it has not."""
+    from vllm.config import SchedulerConfig
+
+    from vllm_probe.sim import harness as testing
+
+    sink, _ = probed()
+    sched = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=96, num_blocks=33, block_size=16))
+    (cfg,) = sink.of("engine_config")
+    fields = SchedulerConfig.__dataclass_fields__
+    assert cfg["max_num_scheduled_tokens"] == (96 if hasattr(sched, "max_num_scheduled_tokens") else None)
+    assert cfg["scheduler_reserve_full_isl"] == (True if "scheduler_reserve_full_isl" in fields else None)
+    assert cfg["watermark"] == (0.0 if "watermark" in fields else None)
+    assert cfg["long_prefill_token_threshold_adaptive"] == (
+        False if "long_prefill_token_threshold_adaptive" in fields else None)
+    assert cfg["max_num_active_seqs"] is None  # not set below max_num_seqs
+    assert cfg["hash_block_size"] == 16
+    assert cfg["kv_cache_groups"] == ["FullAttentionSpec"]
+    # one layer, 1 KV head of 64 float32 values, K and V, 16 tokens a block
+    assert cfg["kv_block_bytes"] == 2 * 16 * 64 * 4
+    assert cfg["gpu_memory_utilization"] == 0.3
+    assert cfg["num_gpu_blocks_override"] is None and cfg["num_speculative_tokens"] is None
+
+
+def test_block_digests_equal_exactly_on_shared_prompt_blocks(probed):
+    """With prefix caching, a prompt's full blocks get salted digests: two prompts sharing
+    their first 48 tokens (3 blocks of 16) share exactly their first 3 digests; the
+    partial last block has none; no token id appears; the salt differs per scheduler."""
+    from vllm_probe.sim import harness as testing
+
+    sink, _ = probed()
+    spec = testing.SchedulerSpec(max_num_batched_tokens=256, num_blocks=100, enable_prefix_caching=True)
+    sched = testing.make_scheduler(spec)
+    prefix = list(range(10, 58))
+    sched.add_request(testing.make_request(100, 2, req_id="a", prefix=prefix))
+    sched.add_request(testing.make_request(90, 2, req_id="b", prefix=prefix))
+    a, b = (e["block_digests"] for e in sink.of("request_added"))
+    assert len(a) == 100 // 16 and len(b) == 90 // 16
+    assert a[:3] == b[:3] and not set(a[3:]) & set(b[3:])
+    assert all(len(d) == 16 and int(d, 16) >= 0 for d in a + b)
+    testing.make_scheduler(spec).add_request(testing.make_request(100, 2, req_id="c", prefix=prefix))
+    (c,) = [e["block_digests"] for e in sink.of("request_added") if e["req_id"] == "c"]
+    assert not set(c) & set(a)  # another scheduler, another salt: nothing compares across
+
+
+@pytest.mark.parametrize("caching,digests", [(False, True), (True, False)])
+def test_block_digests_only_with_prefix_caching_and_their_flag(probed, caching, digests):
+    from vllm_probe.settings import ProbeFlags
+    from vllm_probe.sim import harness as testing
+
+    sink, _ = probed(ProbeFlags(log_block_digests=digests))
+    sched = testing.make_scheduler(testing.SchedulerSpec(enable_prefix_caching=caching))
+    sched.add_request(testing.make_request(100, 2, req_id="a"))
+    (added,) = sink.of("request_added")
+    assert added["block_digests"] is None and added["prompt_len"] == 100
+
+
 @pytest.mark.parametrize("flag,kind", [
     ("log_schedule_each_step", "step"),
     ("log_preempt_events", "preempt"),

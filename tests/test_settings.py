@@ -77,7 +77,7 @@ def test_flags_round_trip_to_dict():
     ({"sampling": {"temperature": True}}, "sampling.temperature: expected an integer or a number, got true"),
     ({"scheduler_probe": "x"}, 'scheduler_probe: expected an object, got "x"'),
     ({"scheduler_probe": {1: True}}, "unknown key 'scheduler_probe.1' (known: log_schedule_each_step, "
-     "log_preempt_events, log_chunk_boundaries, log_request_events, queue_capacity)"),
+     "log_preempt_events, log_chunk_boundaries, log_request_events, log_block_digests, queue_capacity)"),
     ({"scheduler_probe": {"log_preempt_events": None}}, "scheduler_probe.log_preempt_events: expected true/false, got null"),
     ({"scheduler_probe": {"queue_capacity": 1.0}}, "scheduler_probe.queue_capacity: expected an integer, got 1.0"),
     ({"scheduler_probe": {"queue_capacity": -5}}, "scheduler_probe.queue_capacity must be at least 1"),

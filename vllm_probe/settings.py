@@ -61,6 +61,10 @@ class ProbeFlags(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_chunk_boundaries: bool = True
     #: ``request_added`` / ``request_finished`` events (needed for queue time and TTFT).
     log_request_events: bool = True
+    #: ``request_added.block_digests``: salted digests of the prompt's full-block hashes
+    #: (with prefix caching on), so ``vllm-probe whatif`` replays prefix-cache hits. Never
+    #: token ids; the salt is random per engine core and never written.
+    log_block_digests: bool = True
     #: Events held in memory before the writer thread drains them; beyond it they are
     #: dropped and counted, so a stalled disk never grows the engine's memory. At least 1.
     queue_capacity: Annotated[int, msgspec.Meta(ge=1)] = 65536

@@ -175,6 +175,33 @@ def figures_for(summaries: list[Summary]) -> list[Figure]:
     return out
 
 
+#: The figures by label (``FIGURE["TTFT p90"]``).
+FIGURE: dict[str, Figure] = {f.label: f for f in FIGURES}
+
+
+def relative_errors(reference: Summary, other: Summary, tolerances: dict[str, float]) -> dict[str, Any]:
+    """How far ``other`` is from ``reference`` on the figures named in ``tolerances``
+    (label → largest relative error accepted, e.g. ``{"steps": 0.02}``).
+
+    Returns ``{"figures": {label: {"reference", "value", "error", "tolerance",
+    "within"}}, "within": all within}``; ``error`` is :func:`delta`'s relative delta
+    (None when the reference is 0 or either value is unknown). A figure is within when
+    ``|value - reference| <= tolerance × |reference|`` (so a reference of 0 needs an equal
+    value); an unknown value on one side only is not within.
+    """
+    rows = {}
+    for label, tol in tolerances.items():
+        f = FIGURE[label]
+        ref, val = f.get(reference), f.get(other)
+        d, rel, _ = delta(f, ref, val)
+        if d is None:
+            within = ref is None and val is None
+        else:
+            within = abs(d) <= tol * abs(ref)
+        rows[label] = {"reference": ref, "value": val, "error": rel, "tolerance": tol, "within": within}
+    return {"figures": rows, "within": all(r["within"] for r in rows.values())}
+
+
 def config_differences(summaries: list[Summary]) -> dict[str, list[Any]]:
     """``engine_config`` keys whose values differ between runs → value per run."""
     out: dict[str, list[Any]] = {}

@@ -8,10 +8,11 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe run [--settings FILE] [--out DIR] [--live] [--metrics-port PORT] -- COMMAND [ARGS...]
     vllm-probe COMMAND [ARGS...]          # shorthand for `run -- COMMAND ...`
     vllm-probe tail [RUN_DIR] [--plain] [--replay [SPEED]]
-    vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto] [filters]
+    vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto|trace] [filters]
     vllm-probe summary RUN_DIR [--json]
     vllm-probe compare RUN_DIR RUN_DIR [...]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
+    vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
@@ -41,10 +42,11 @@ from ..settings import SettingsError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("vllm_probe.cli.run", "run a command with the probe enabled"),
     "tail": ("vllm_probe.cli.tail", "watch a run live (dashboard, or --plain lines)"),
-    "export": ("vllm_probe.cli.export", "merge a run's events into one JSONL file or a Perfetto trace"),
+    "export": ("vllm_probe.cli.export", "a run's events as JSONL, a Perfetto trace, or its workload as a timed trace"),
     "summary": ("vllm_probe.cli.summary", "one-screen summary of a run"),
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
     "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
+    "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 

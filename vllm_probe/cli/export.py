@@ -2,10 +2,12 @@
 
 The formats are the registry of :mod:`vllm_probe.exporters.base`: ``jsonl`` (default;
 every engine core's events merged into one stream ordered by ``ts``, verbatim, filtered,
-see :mod:`vllm_probe.exporters.jsonl`) and ``perfetto`` (a Chrome/Perfetto timeline,
-:mod:`vllm_probe.exporters.perfetto`; the filters do not apply). A ``.gz`` output name is
-gzip-compressed. Without ``-o`` the output is the format's file in RUN_DIR
-(``events.jsonl``, ``trace.json``); ``-o -`` writes to stdout.
+see :mod:`vllm_probe.exporters.jsonl`), ``perfetto`` (a Chrome/Perfetto timeline,
+:mod:`vllm_probe.exporters.perfetto`) and ``trace`` (the workload as vLLM's timed trace
+for ``vllm bench serve --dataset-name timed_trace``, :mod:`vllm_probe.exporters.trace`);
+the filters apply to ``jsonl`` only. A ``.gz`` output name is gzip-compressed. Without
+``-o`` the output is the format's file in RUN_DIR (``events.jsonl``, ``trace.json``,
+``trace.jsonl``); ``-o -`` writes to stdout.
 
 What was read and skipped goes to stderr (one line), so stdout stays clean for pipes.
 
@@ -65,6 +67,8 @@ def main(args: argparse.Namespace) -> int:
     where = "stdout" if out == "-" else out
     print(f"vllm-probe: {stats.describe()} read from {len(stats.files)} file(s); "
           f"{result.written} {result.unit} written to {where}", file=sys.stderr)
+    if result.note:
+        print(f"vllm-probe: {result.note}", file=sys.stderr)
     if stats.events == 0:
         print(f"vllm-probe: error: no readable events in {run_dir}", file=sys.stderr)
         return EXIT_NO_EVENTS

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ DIFFERENCES: tuple[Difference, ...] = (
                "wrapper passes *args/**kwargs on", "_free_request(delay_free_blocks)"),
     Difference((0, 17), "Scheduler.max_num_scheduled_tokens may differ from "
                "max_num_batched_tokens (scheduler_config.max_num_scheduled_tokens).",
-               "token_budget() reads the scheduler's attribute", "max_num_scheduled_tokens budget"),
+               "token_budget() and engine_config.max_num_scheduled_tokens read the scheduler's "
+               "attribute", "max_num_scheduled_tokens budget"),
     Difference((0, 24), "schedule(self, throttle_prefills=False); EngineCore passes it positionally.",
                "wrapper passes *args/**kwargs on", "schedule(throttle_prefills)"),
     Difference((0, 26), "_free_request returns a tuple (KV and EC transfer params) instead of a dict.",
@@ -57,6 +58,19 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference((0, 31), "Requests that hold KV blocks while waiting move to kv_holding_waiting.",
                "queue_lengths_reader() counts them as waiting, as get_request_counts does",
                "kv_holding_waiting queue"),
+    # Scheduler inputs engine_config records for `vllm-probe whatif` (scheduler_inputs()):
+    # absent before the release that added them, so the field is left out there.
+    Difference((0, 19), "SchedulerConfig.scheduler_reserve_full_isl: admission waits until the "
+               "whole prompt fits in free KV blocks (default on).",
+               "engine_config.scheduler_reserve_full_isl from 0.19", "scheduler_reserve_full_isl"),
+    Difference((0, 24), "SchedulerConfig.watermark: free-block headroom kept at admission.",
+               "engine_config.watermark from 0.24", "watermark"),
+    Difference((0, 26), "Scheduler.hash_block_size: prefix-cache hashes at a granularity of "
+               "their own (earlier releases hash at block_size).",
+               "engine_config.hash_block_size reads it, else block_size", "hash_block_size"),
+    Difference((0, 31), "SchedulerConfig.max_num_active_seqs (admission limit below max_num_seqs) "
+               "and long_prefill_token_threshold_adaptive.",
+               "engine_config records both from 0.31", "max_num_active_seqs, adaptive threshold"),
 )
 
 
@@ -189,4 +203,79 @@ def engine_settings(sched: Any) -> dict[str, Any]:
         "prefix_caching": bool(cc.enable_prefix_caching),
         "data_parallel_size": getattr(pc, "data_parallel_size", 1),
         "engine": getattr(pc, "data_parallel_rank", 0) or 0,
+        **scheduler_inputs(sched),
     }
+
+
+def _or_none(read: Callable[[], Any]) -> Any:
+    """``read()``, or None when it raises: an optional setting never costs the probe."""
+    try:
+        return read()
+    except Exception:
+        return None
+
+
+def scheduler_inputs(sched: Any) -> dict[str, Any]:
+    """The scheduler inputs beyond the classic settings, as optional ``engine_config``
+    fields (what ``vllm-probe whatif`` needs to rebuild the same scheduler; each is None
+    where the release has no such setting, see :data:`DIFFERENCES`). Never raises.
+
+    From ``vllm/v1/core/sched/scheduler.py`` (0.32): ``max_num_scheduled_tokens``
+    (``__init__``: the config value, else ``max_num_batched_tokens``),
+    ``max_num_active_reqs`` (only when configured below ``max_num_seqs``),
+    ``scheduler_config.long_prefill_token_threshold_adaptive``,
+    ``scheduler_reserve_full_isl``, ``scheduler_config.watermark`` (passed to the
+    ``KVCacheManager``), ``hash_block_size``; ``vllm_config.num_speculative_tokens``;
+    the KV-cache group specs and, for ``gpu_memory_utilization`` → blocks, the bytes of
+    one block (the largest group's page size times its layers: groups overlay one pool,
+    ``vllm/v1/kv_cache_interface.py`` ``KVCacheTensor``), the overrides that bypass the
+    memory computation, and the device's total memory (:func:`device_memory_bytes`).
+    """
+    vc = sched.vllm_config
+    sc, cc = vc.scheduler_config, vc.cache_config
+    kv = sched.kv_cache_config
+
+    def active() -> int | None:
+        configured = getattr(sc, "max_num_active_seqs", None)
+        return configured if configured is not None and configured < sc.max_num_seqs else None
+
+    def spec_tokens() -> int | None:
+        spec = getattr(vc, "speculative_config", None)
+        return getattr(spec, "num_speculative_tokens", None) if spec is not None else None
+
+    def block_bytes() -> int | None:
+        sizes = [g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in kv.kv_cache_groups]
+        return max(sizes) if sizes else None
+
+    return {
+        "max_num_scheduled_tokens": getattr(sched, "max_num_scheduled_tokens", None),
+        "max_num_active_seqs": _or_none(active),
+        "long_prefill_token_threshold_adaptive": getattr(sc, "long_prefill_token_threshold_adaptive", None),
+        "scheduler_reserve_full_isl": getattr(sc, "scheduler_reserve_full_isl", None),
+        "watermark": getattr(sc, "watermark", None),
+        "hash_block_size": getattr(sched, "hash_block_size", None) or getattr(sched, "block_size", None),
+        "num_speculative_tokens": _or_none(spec_tokens),
+        "kv_cache_groups": _or_none(lambda: [type(g.kv_cache_spec).__name__ for g in kv.kv_cache_groups]),
+        "gpu_memory_utilization": getattr(cc, "gpu_memory_utilization", None),
+        "num_gpu_blocks_override": getattr(cc, "num_gpu_blocks_override", None),
+        "kv_cache_memory_bytes": getattr(cc, "kv_cache_memory_bytes", None),
+        "kv_block_bytes": _or_none(block_bytes),
+        "device_memory_bytes": device_memory_bytes(),
+    }
+
+
+def device_memory_bytes() -> int | None:
+    """Total memory of the device ``gpu_memory_utilization`` is a share of (bytes), where
+    vLLM's platform can say without touching the device: the CPU backend's NUMA node
+    (``CpuPlatform.get_device_total_memory``, what ``CPUWorker`` takes the share of) and
+    CUDA through NVML (``NvmlCudaPlatform``; the other CUDA path would create a CUDA
+    context in the engine core). None elsewhere, and when the call fails."""
+
+    def read() -> int | None:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu() or type(current_platform).__name__ == "NvmlCudaPlatform":
+            return int(current_platform.get_device_total_memory())
+        return None
+
+    return _or_none(read)

@@ -16,6 +16,7 @@ are prefilling, admitted, preempted or finished.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -28,7 +29,7 @@ from . import compat
 from ..schema.events import CHUNK, ENGINE_CONFIG, PREEMPT, REQUEST_ADDED, REQUEST_FINISHED, STEP
 from ..settings import ProbeFlags
 from .signals import on_stop_signals
-from .sink import EventSink
+from .sink import Deferred, EventSink
 
 logger = logging.getLogger("vllm_probe")
 
@@ -75,17 +76,28 @@ class HookHealth:
 
 
 class Runtime:
-    """Process-wide probe state: flags, health, the lazily created sink.
+    """Process-wide probe state: flags, health, the lazily created sink, the clocks.
 
     Args:
         flags: which event kinds to write.
         sink_factory: builds the sink on the first scheduler (so only engine-core
             processes, where a ``Scheduler`` is built, ever create a file).
+        clock: ``() -> float``, the events' ``ts`` (s since the epoch); ``time.time``
+            in vLLM. A replay (:mod:`vllm_probe.sim.replay`) passes its virtual clock.
+        timer: ``() -> float``, the monotonic seconds ``schedule_us`` is measured with;
+            ``time.perf_counter`` in vLLM.
+
+    The hooks bind ``clock`` and the ``schedule()`` wrapper binds ``timer`` once, so a
+    clock costs the hot path nothing over calling ``time.time`` directly.
     """
 
-    def __init__(self, flags: ProbeFlags, sink_factory: Callable[["Runtime"], Any]) -> None:
+    def __init__(self, flags: ProbeFlags, sink_factory: Callable[["Runtime"], Any],
+                 clock: Callable[[], float] = time.time,
+                 timer: Callable[[], float] = time.perf_counter) -> None:
         self.flags = flags
         self.health = HookHealth()
+        self.clock = clock
+        self.timer = timer
         self._sink_factory = sink_factory
         self._sink = None
         self.patched: list[str] = []
@@ -152,7 +164,8 @@ class SchedulerProbe:
 
     Every event is built by field name with its kind's ``pack``
     (:class:`~vllm_probe.schema.events.EventKind`) and queued with ``rt.sink.emit(kind,
-    ts, engine, event)``; ``ts`` is ``time.time()`` (s), ``engine`` the data-parallel rank.
+    ts, engine, event)``; ``ts`` is ``rt.clock()`` (s since the epoch: ``time.time()``
+    in vLLM), ``engine`` the data-parallel rank.
     Building the probe writes ``engine_config``; it raises whatever reading the
     scheduler's settings raises (the ``__init__`` wrapper counts it and leaves that
     scheduler unprobed).
@@ -162,7 +175,12 @@ class SchedulerProbe:
         self.rt = rt
         self.flags = rt.flags
         self.emit = rt.sink.emit
+        self.clock = rt.clock
         settings = compat.engine_settings(sched)
+        #: request_added carries block digests (prefix caching on: they say what it can hit)
+        self.digests_on = bool(self.flags.log_block_digests and settings.get("prefix_caching"))
+        #: key of those digests: random, per scheduler, never written
+        self._digest_salt = os.urandom(16)
         self.engine = settings.pop("engine")
         if hasattr(rt.sink, "engine"):  # the file's probe_stats carry this engine's rank
             rt.sink.engine = self.engine
@@ -177,7 +195,7 @@ class SchedulerProbe:
         self.chunks_seen = False
         self.prefilling: dict[str, _Pass] = {}
         self.resume_pending: set[str] = set()
-        self.emit(ENGINE_CONFIG, time.time(), self.engine, ENGINE_CONFIG.pack(
+        self.emit(ENGINE_CONFIG, self.clock(), self.engine, ENGINE_CONFIG.pack(
             vllm_version=rt.vllm_version, probe_version=__version__,
             scheduler_class=type(sched).__name__, patched=list(rt.patched),
             flags=self.flags.to_dict(), **settings,
@@ -209,7 +227,7 @@ class SchedulerProbe:
         running, waiting = self.queue_lengths(sched)
         kvm = sched.kv_cache_manager
         finished = out.finished_req_ids
-        self.emit(STEP, time.time(), self.engine, STEP.pack(
+        self.emit(STEP, self.clock(), self.engine, STEP.pack(
             step=self.step, scheduled_tokens=n_tokens, token_budget=self.budget,
             prefill_reqs=pre_r, prefill_tokens=pre_t, decode_reqs=dec_r, decode_tokens=dec_t,
             new_reqs=self.step_new_reqs, running=running, waiting=waiting, kv_usage=kvm.usage,
@@ -231,7 +249,7 @@ class SchedulerProbe:
         pack = CHUNK.pack
         step, engine = self.step, self.engine
         pre_r = pre_t = 0
-        ts = time.time()
+        ts = self.clock()
         prefilling = self.prefilling
         if prefilling:
             for rid in out.finished_req_ids:
@@ -306,7 +324,7 @@ class SchedulerProbe:
             return
         discarded, usage = snap
         running, waiting = self.queue_lengths(sched)
-        self.emit(PREEMPT, time.time(), self.engine, PREEMPT.pack(
+        self.emit(PREEMPT, self.clock(), self.engine, PREEMPT.pack(
             step=self.step, req_id=rid, discarded_tokens=discarded,
             prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
             num_preemptions=getattr(request, "num_preemptions", None), kv_usage=usage,
@@ -317,14 +335,28 @@ class SchedulerProbe:
 
     def on_added(self, request: Any) -> None:
         """After vLLM's ``add_request`` took a new ``request``: ``request_added`` (lengths
-        and sampling settings only, never prompt text or token ids)."""
+        and sampling settings only, never prompt text or token ids).
+
+        With ``log_block_digests`` and prefix caching on, the prompt's full-block hashes
+        that vLLM computed (``request.block_hashes``)
+        are copied as they are (references, no hashing here) and become salted digests
+        on the sink's writer thread (:func:`block_digests`).
+        """
         sp = request.sampling_params
-        self.emit(REQUEST_ADDED, time.time(), self.engine, REQUEST_ADDED.pack(
+        digests = None
+        if self.digests_on:
+            hashes = getattr(request, "block_hashes", None)
+            if hashes:
+                digests = Deferred(self._digests, list(hashes))
+        self.emit(REQUEST_ADDED, self.clock(), self.engine, REQUEST_ADDED.pack(
             req_id=request.request_id, prompt_len=request.num_prompt_tokens,
             max_tokens=getattr(sp, "max_tokens", None), temperature=getattr(sp, "temperature", None),
             top_p=getattr(sp, "top_p", None), priority=getattr(request, "priority", 0),
-            arrival_ts=request.arrival_time,
+            arrival_ts=request.arrival_time, block_digests=digests,
         ))
+
+    def _digests(self, hashes: list[Any]) -> list[str]:
+        return block_digests(hashes, self._digest_salt)
 
     def on_finished(self, request: Any) -> None:
         """Before vLLM's ``_free_request(request)``: ``request_finished``; the request
@@ -333,11 +365,36 @@ class SchedulerProbe:
         self.prefilling.pop(rid, None)
         self.resume_pending.discard(rid)
         if self.flags.log_request_events:
-            self.emit(REQUEST_FINISHED, time.time(), self.engine, REQUEST_FINISHED.pack(
+            self.emit(REQUEST_FINISHED, self.clock(), self.engine, REQUEST_FINISHED.pack(
                 step=max(self.step, 0), req_id=rid, reason=compat.finish_reason(request),
                 prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
                 num_preemptions=getattr(request, "num_preemptions", None),
             ))
+
+
+#: Bytes of one block digest (16 hex characters on the line).
+DIGEST_BYTES = 8
+
+
+def block_digests(hashes: list[Any], salt: bytes) -> list[str]:
+    """Salted digests of a prompt's full-block hashes, for ``request_added.block_digests``.
+
+    ``blake2b(block_hash, key=salt, digest_size=8)`` in hex, one per hash. vLLM's block
+    hash of block ``i`` chains the hashes of blocks ``0..i`` with their token ids (and the
+    request's cache salt, LoRA and multimodal extras; ``vllm/v1/core/kv_cache_utils.py``
+    ``hash_block_tokens``), so within one file equal digests mean equal prompt prefixes
+    up to that block, which is all a replay needs to hit the prefix cache where the
+    recorded engine did. The salt (16 random bytes per scheduler, never written) makes
+    the digests useless outside the file: vLLM's sha256 block hashes start from a fixed
+    seed, so an unsalted hash (even truncated) would fingerprint the prompt's text.
+    A hash that is not ``bytes`` (every release from 0.12 uses ``bytes``) is skipped.
+    Runs on the sink's writer thread.
+    """
+    out = []
+    for h in hashes:
+        if isinstance(h, (bytes, bytearray)):
+            out.append(hashlib.blake2b(h, key=salt, digest_size=DIGEST_BYTES).hexdigest())
+    return out
 
 
 def attached_probe(sched: Any) -> SchedulerProbe | None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from time import perf_counter
 from typing import Any, Callable
 
 from ..settings import ProbeFlags
@@ -94,6 +93,7 @@ def _wrap_init(rt: Runtime, original: Callable) -> Callable:
 
 def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
     health = rt.health
+    timer = rt.timer  # time.perf_counter in vLLM; a replay's virtual clock
 
     @functools.wraps(original)
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
@@ -104,9 +104,9 @@ def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
             probe.begin_step()  # too, so this runs even when step events are switched off
         except Exception as e:
             health.failed("step", e)
-        t0 = perf_counter()
+        t0 = timer()
         out = original(self, *args, **kwargs)
-        seconds = perf_counter() - t0
+        seconds = timer() - t0
         if "step" in health.disabled:
             probe.in_schedule = False
             return out

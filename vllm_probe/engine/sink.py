@@ -85,6 +85,29 @@ class _LineBuffer:
 # per event, docs/performance.md). It matters because rendering holds the GIL that
 # vLLM's scheduler thread needs.
 
+class Deferred:
+    """An optional field's value computed on the writer thread: ``func(arg)``.
+
+    A hook whose field costs real work (``request_added.block_digests`` hashes every
+    block of the prompt) queues ``Deferred(func, arg)`` instead of the value; the writer
+    calls it while rendering, off the scheduler's thread. A call that raises or
+    returns None leaves the field out of the line.
+    """
+
+    __slots__ = ("func", "arg")
+
+    def __init__(self, func: Callable[[Any], Any], arg: Any) -> None:
+        self.func = func
+        self.arg = arg
+
+    def __call__(self) -> Any:
+        try:
+            return self.func(self.arg)
+        except Exception:
+            logger.debug("vllm-probe: a deferred field failed", exc_info=True)
+            return None
+
+
 #: id(kind) -> (kind, name, field names, indexes of optional fields). Keyed by id: hashing
 #: the frozen EventKind dataclass costs more than rendering the event.
 _LAYOUTS: dict[int, tuple[EventKind, str, tuple[str, ...], tuple[int, ...]]] = {}
@@ -101,7 +124,7 @@ def _layout(kind: EventKind) -> tuple[EventKind, str, tuple[str, ...], tuple[int
 def _event_dicts(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     """Processor: a batch of queued events -> one dict per event, ``event`` first, then
     ``ts``, ``pid``, ``engine``, ``schema`` and the kind's fields in order; optional
-    fields whose value is None are left out."""
+    fields whose value is None are left out, :class:`Deferred` ones computed here."""
     pid = event_dict["pid"]
     dicts = []
     for kind, ts, engine, values in event_dict["batch"]:
@@ -111,8 +134,16 @@ def _event_dicts(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[s
         d = {"event": name, "ts": ts, "pid": pid, "engine": engine, "schema": SCHEMA_VERSION}
         d.update(zip(names, values))
         for i in optional:
-            if i < len(values) and values[i] is None:
-                del d[names[i]]
+            if i < len(values):
+                v = values[i]
+                if v is None:
+                    del d[names[i]]
+                elif type(v) is Deferred:
+                    v = v()
+                    if v is None:
+                        del d[names[i]]
+                    else:
+                        d[names[i]] = v
         dicts.append(d)
     return {"events": dicts}
 

@@ -40,11 +40,13 @@ class ExportResult:
             format adds (``engine_config`` lines kept to read a filtered export). 0 means
             nothing matched (``vllm-probe export`` exits 1).
         unit: what an item is, for messages ("events", "trace events").
+        note: one more line for the user, e.g. how to read the file back (None: none).
     """
 
     written: int = 0
     matched: int = 0
     unit: str = "events"
+    note: str | None = None
 
 
 class Exporter(Protocol):
@@ -82,8 +84,9 @@ def exporters() -> dict[str, Exporter]:
     if not EXPORTERS:
         from .jsonl import JsonlExporter
         from .perfetto import PerfettoExporter
+        from .trace import TraceExporter
 
-        for exporter in (JsonlExporter(), PerfettoExporter()):
+        for exporter in (JsonlExporter(), PerfettoExporter(), TraceExporter()):
             EXPORTERS[exporter.name] = exporter
     return EXPORTERS
 

@@ -139,6 +139,8 @@ def find_latest_run(root: Path | None = None) -> tuple[Path, list[Path]]:
     one level down as ``examples/compare_budgets.py`` nests its runs, by ``meta.json``'s
     start time), and the newer runs skipped because their command never started one
     (:func:`never_started`). When no run started an engine, the newest run and no skip.
+    Simulated runs (``vllm-probe whatif``'s, ``meta.json`` ``simulated``) are not
+    candidates: "the latest run" is the latest one recorded.
 
     Raises:
         RunDirError: ``root`` does not exist or holds no run.
@@ -146,10 +148,11 @@ def find_latest_run(root: Path | None = None) -> tuple[Path, list[Path]]:
     root = Path(root or DEFAULT_ROOT)
     if not root.is_dir():
         raise RunDirError(f"no run directory: {root} does not exist (start one with `vllm-probe run -- COMMAND`)")
-    runs = [m.parent for pattern in (f"*/{META_FILE}", f"*/*/{META_FILE}") for m in root.glob(pattern)]
+    metas = {m.parent: read_meta(m.parent) for pattern in (f"*/{META_FILE}", f"*/*/{META_FILE}")
+             for m in root.glob(pattern)}
+    runs = [run for run, meta in metas.items() if not meta.get("simulated")]
     if not runs:
         raise RunDirError(f"no run directory under {root} (start one with `vllm-probe run -- COMMAND`)")
-    metas = {run: read_meta(run) for run in runs}
 
     def started(run: Path) -> tuple[float, str]:
         start = metas[run].get("start_time")

@@ -111,6 +111,21 @@ ENGINE_CONFIG = EventKind(
         Field("prefix_caching", "bool", "-", "Whether automatic prefix caching is on."),
         Field("data_parallel_size", "int", "ranks", "Number of data-parallel engine cores."),
         Field("flags", "object", "-", "The `scheduler_probe` flags in force for this engine core."),
+        # Scheduler inputs beyond the classic settings: what `vllm-probe whatif` needs to
+        # rebuild the same scheduler (null or absent where the release has no such setting).
+        Field("max_num_scheduled_tokens", "int", "tokens", "Tokens one step may schedule (vLLM 0.17+; differs from `max_num_batched_tokens` only when set apart).", True),
+        Field("max_num_active_seqs", "int", "requests", "Most requests admitted into the running queue, when set below `max_num_seqs` (vLLM 0.31+).", True),
+        Field("long_prefill_token_threshold_adaptive", "bool", "-", "Whether the long-prefill threshold is raised to budget / running requests (vLLM 0.31+).", True),
+        Field("scheduler_reserve_full_isl", "bool", "-", "Whether a waiting request is admitted only when its whole prompt fits in the free KV blocks (vLLM 0.19+).", True),
+        Field("watermark", "float", "0..1", "Share of KV blocks kept free when admitting requests (vLLM 0.24+).", True),
+        Field("hash_block_size", "int", "tokens", "Tokens per prefix-cache block hash (`block_size` unless the KV cache groups differ).", True),
+        Field("num_speculative_tokens", "int", "tokens", "Draft tokens per step with speculative decoding (absent without).", True),
+        Field("kv_cache_groups", "list[string]", "-", "KV-cache spec of each KV cache group, e.g. `[\"FullAttentionSpec\"]`; hybrid models have several.", True),
+        Field("gpu_memory_utilization", "float", "0..1", "Share of the device's memory vLLM may use (the CPU backend: of the NUMA node's memory).", True),
+        Field("num_gpu_blocks_override", "int", "blocks", "KV blocks forced by `num_gpu_blocks_override` (absent when vLLM sized the cache from memory).", True),
+        Field("kv_cache_memory_bytes", "int", "bytes", "KV-cache size forced by `kv_cache_memory_bytes` (absent when not set).", True),
+        Field("kv_block_bytes", "int", "bytes", "Device memory of one KV block across all layers (KV-cache tensors / `num_kv_blocks`).", True),
+        Field("device_memory_bytes", "int", "bytes", "Total memory of the device `gpu_memory_utilization` is a share of, where vLLM's platform reports it without touching the device (CPU: the NUMA node; CUDA: NVML).", True),
     ),
 )
 
@@ -189,6 +204,7 @@ REQUEST_ADDED = EventKind(
         Field("top_p", "float", "-", "Sampling top_p (null for pooling requests)."),
         Field("priority", "int", "-", "Request priority (used by the `priority` policy)."),
         Field("arrival_ts", "float", "s", "Wall-clock arrival time stamped by vLLM's front end (epoch seconds)."),
+        Field("block_digests", "list[string]", "-", "With prefix caching on: one 16-hex-digit digest per full block of the prompt (`hash_block_size` tokens), a keyed BLAKE2b of vLLM's block hash. Equal digests in one file mean equal prompt prefixes through that block; the key is random per engine core and never written, so digests say nothing across files or about the text. 19 bytes per block on the line (a 2,048-token prompt: 16 blocks of 128, ~300 bytes). Switched by `scheduler_probe.log_block_digests`.", True),
     ),
 )
 

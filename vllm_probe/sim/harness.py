@@ -36,7 +36,8 @@ from typing import Any
 
 import msgspec
 
-from .tiny_model import DEFAULT_DIR, write_tiny_model
+from ..engine.sink import Deferred
+from .tiny_model import DEFAULT_DIR, MAX_POSITIONS, write_tiny_model
 
 
 def _accepts(func: Any, name: str) -> bool:
@@ -101,17 +102,23 @@ class SchedulerSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None = None) -> Any:
-    """Build a real vLLM ``Scheduler`` (or ``scheduler_cls``) for ``spec``; no model loaded."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
+def make_vllm_config(spec: SchedulerSpec | None = None) -> Any:
+    """The ``VllmConfig`` :func:`make_scheduler` builds for ``spec``: vLLM validates the
+    settings here (``SchedulerConfig``'s own checks, e.g. a token budget below
+    ``max_num_seqs``), raising pydantic's ``ValidationError`` or ``ValueError``.
 
-    import torch
+    ``async_scheduling`` is set again after vLLM's platform hook: the CPU platform
+    forces it off (``CpuPlatform.check_and_update_config``), and a replay of a GPU run
+    needs the scheduler it recorded.
+    """
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     spec = spec or SchedulerSpec()
-    model_dir = write_tiny_model(spec.model_dir or DEFAULT_DIR)
+    if spec.model_dir is None and spec.max_model_len > MAX_POSITIONS:  # a run of a long-context model
+        model_dir = write_tiny_model(DEFAULT_DIR.with_name(f"{DEFAULT_DIR.name}-{spec.max_model_len}"),
+                                     max_positions=spec.max_model_len)
+    else:
+        model_dir = write_tiny_model(spec.model_dir or DEFAULT_DIR)
     model_config = ModelConfig(
         str(model_dir), skip_tokenizer_init=True, max_model_len=spec.max_model_len,
         dtype="float32", seed=0,
@@ -137,6 +144,24 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
         model_config=model_config, scheduler_config=scheduler_config,
         cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
     )
+    if spec.async_scheduling and hasattr(vllm_config.scheduler_config, "async_scheduling"):
+        vllm_config.scheduler_config.async_scheduling = True
+    return vllm_config
+
+
+def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None = None) -> Any:
+    """Build a real vLLM ``Scheduler`` (or ``scheduler_cls``) for ``spec``; no model loaded.
+
+    Raises what :func:`make_vllm_config` raises for settings vLLM refuses.
+    """
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    import torch
+
+    spec = spec or SchedulerSpec()
+    vllm_config = make_vllm_config(spec)
     kv_cache_config = KVCacheConfig(
         num_blocks=spec.num_blocks,
         kv_cache_tensors=[],
@@ -217,23 +242,33 @@ def step(sched: Any) -> Any:
 
 def fake_model_output(sched: Any, out: Any) -> Any:
     """The ``ModelRunnerOutput`` a model would return for ``out`` (see :func:`step`)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     req_ids = list(out.num_scheduled_tokens)
     sampled = []
     for rid in req_ids:
         req = sched.requests.get(rid)
         done = req is not None and req.num_computed_tokens >= req.num_tokens
         sampled.append([7] if done else [])
-    mro_kwargs: dict[str, Any] = dict(
-        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-        sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-    )
-    if _accepts(ModelRunnerOutput, "pooler_output"):
-        mro_kwargs["pooler_output"] = []
-    if _accepts(ModelRunnerOutput, "spec_token_ids"):
-        mro_kwargs["spec_token_ids"] = None
-    return ModelRunnerOutput(**mro_kwargs)
+    return model_runner_output(req_ids, sampled)
+
+
+_output_kwargs: list[dict[str, Any]] = []
+
+
+def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
+    """vLLM's ``ModelRunnerOutput`` with ``sampled[i]`` the tokens of ``req_ids[i]``
+    (the release-dependent arguments are looked up once per process)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if not _output_kwargs:
+        extra: dict[str, Any] = {}
+        if _accepts(ModelRunnerOutput, "pooler_output"):
+            extra["pooler_output"] = []
+        if _accepts(ModelRunnerOutput, "spec_token_ids"):
+            extra["spec_token_ids"] = None
+        _output_kwargs.append(extra)
+    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             **_output_kwargs[0])
 
 
 def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:
@@ -261,10 +296,13 @@ class MemorySink:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
     def emit(self, kind: Any, ts: float, engine: int, values: Any) -> None:
-        """Keep one event as ``(kind.name, {field: value})``."""
+        """Keep one event as ``(kind.name, {field: value})``; a
+        :class:`~vllm_probe.engine.sink.Deferred` value is computed here, as the file
+        sink's writer would."""
         if type(values) is not tuple:
             values = msgspec.structs.astuple(values)
-        self.events.append((kind.name, dict(zip(kind.field_names, values))))
+        self.events.append((kind.name, {k: v() if type(v) is Deferred else v
+                                        for k, v in zip(kind.field_names, values)}))
 
     def of(self, name: str) -> list[dict[str, Any]]:
         """The fields of every event of kind ``name``, in emission order."""

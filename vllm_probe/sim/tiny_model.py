@@ -51,8 +51,14 @@ _CORPUS = [
 ]
 
 
-def write_tiny_model(path: str | Path = DEFAULT_DIR, overwrite: bool = False) -> Path:
+def write_tiny_model(path: str | Path = DEFAULT_DIR, overwrite: bool = False,
+                     max_positions: int = MAX_POSITIONS) -> Path:
     """Write the tiny model folder at ``path`` (idempotent) and return it.
+
+    ``max_positions``: its ``max_position_embeddings`` (the longest ``max_model_len`` vLLM
+    accepts for it). The default keeps a real engine's rotary cache small; the harness
+    asks for more when it replays a run recorded with a longer ``max_model_len`` (it
+    never loads the model).
 
     Raises:
         ImportError: the ``tokenizers`` package (installed with vLLM) is missing.
@@ -77,8 +83,8 @@ def write_tiny_model(path: str | Path = DEFAULT_DIR, overwrite: bool = False) ->
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": MAX_POSITIONS,
+        "model_max_length": max_positions,
     }, indent=2))
-    (path / "config.json").write_text(json.dumps(_CONFIG, indent=2))
+    (path / "config.json").write_text(json.dumps({**_CONFIG, "max_position_embeddings": max_positions}, indent=2))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     return path

@@ -15,7 +15,7 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.compare import GROUPS, STEPS, WALL, comparison
+from ..analysis.compare import GROUPS, STEPS, WALL, Figure, comparison, delta
 from ..analysis.summary import Summary
 from .format import figure, pct, prompt_class, signed
 
@@ -26,17 +26,28 @@ _VERDICT = {"better": ("better", "green"), "worse": ("worse", "red"), "mixed": (
 _OPPOSITE = {"better": "worse", "worse": "better"}
 
 
+def _delta_text(d: float | None, rel: float | None, verdict: str | None, unit: str, noisy: bool = False) -> Text:
+    if d is None:
+        return Text("")
+    if verdict == "same":
+        return Text("=", style="dim")
+    text = signed(d, rel, unit)
+    if noisy:
+        return Text("≈ " + text, style="dim")
+    return Text(text, style={"better": "green", "worse": "red"}.get(verdict or "", ""))
+
+
 def _fmt_delta(row: dict, i: int) -> Text:
     d = row["deltas"][i]
-    if d["abs"] is None:
-        return Text("")
-    if d["verdict"] == "same":
-        return Text("=", style="dim")
-    text = signed(d["abs"], d["rel"], row["unit"])
-    if d["noisy"]:
-        return Text("≈ " + text, style="dim")
-    style = {"better": "green", "worse": "red"}.get(d["verdict"] or "", "")
-    return Text(text, style=style)
+    return _delta_text(d["abs"], d["rel"], d["verdict"], row["unit"], bool(d["noisy"]))
+
+
+def fmt_delta(f: Figure, base: Any, value: Any) -> Text:
+    """``value`` against ``base`` on figure ``f`` as the compare table shows it:
+    ``+512 (+50%)``, green when better, red when worse, ``=`` when equal (no noise
+    judgement: whatif's predictions are a model's, not two noisy runs)."""
+    d, rel, verdict = delta(f, base, value)
+    return _delta_text(d, rel, verdict, f.unit)
 
 
 def _labels(summaries: list[Summary]) -> list[str]:

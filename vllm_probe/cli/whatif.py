@@ -1,0 +1,93 @@
+"""``vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]``.
+
+Replays a recorded run through vLLM's own scheduler at other settings
+(:func:`vllm_probe.sim.whatif.predict`) and shows the recorded run, the replay at its
+own settings (the baseline, with its error against the recording) and each setting side
+by side (:mod:`vllm_probe.tui.whatif_view`). ``--trace FILE --like RUN_DIR`` replays a
+timed trace (vLLM's ``timed_trace`` JSONL) with a recorded run's settings and
+step-time model instead.
+
+Exit codes: 0 shown (also when the baseline is off by more than its threshold: the
+report says so); 1 vLLM is not installed, or a replay failed; 2 bad usage or input (an
+unknown or impossible setting, a run without request or step events, a bad trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..runs.rundir import resolve_run_dir
+from . import EXIT_NO_EVENTS, CliError, print_json, print_report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="the recorded run (default: the latest under ./vllm-probe-runs/)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V[,V...]",
+                   help="a setting and its values; several --set give their cartesian product. Keys: "
+                        "max_num_batched_tokens, max_num_seqs, num_kv_blocks, gpu_memory_utilization, "
+                        "long_prefill_token_threshold, max_num_partial_prefills, enable_chunked_prefill, "
+                        "enable_prefix_caching, scheduling_policy, max_num_scheduled_tokens, "
+                        "max_num_active_seqs, long_prefill_token_threshold_adaptive, "
+                        "scheduler_reserve_full_isl, watermark")
+    p.add_argument("--out", metavar="DIR", help="parent of the simulated run directories "
+                                                "(default: RUN_DIR-whatif next to the run)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="replays at once, one process each (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: source, model, baseline, configs")
+    p.add_argument("--trace", metavar="FILE", help="replay this timed trace (vllm bench serve's timed_trace JSONL) "
+                                                   "instead of the run's own requests; needs --like")
+    p.add_argument("--like", metavar="RUN_DIR", help="with --trace: the recorded run whose settings and "
+                                                     "step-time model the trace is replayed with")
+    p.add_argument("--trace-hash-size", type=int, default=16, metavar="N",
+                   help="tokens per hash id in --trace (vLLM's --timed-trace-chunk-hash-size; default 16, "
+                        "Mooncake traces 512)")
+    p.add_argument("--trace-sec-multiplier", type=float, default=1.0, metavar="X",
+                   help="multiplies --trace timestamps into seconds (0.001 for milliseconds)")
+    p.add_argument("--step-time-scale", type=float, default=1.0, metavar="X",
+                   help="multiplies every predicted step time (1.25: the engine 25%% slower than when recorded)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..analysis.workload import WorkloadError
+    from ..exporters.trace import TraceError
+    from ..sim.engine_args import SettingError, parse_sets
+    from ..sim.whatif import WhatifError, predict, require_vllm
+
+    if args.trace and args.run_dir:
+        raise CliError("with --trace, name the recorded run with --like, not as RUN_DIR")
+    if args.like and not args.trace:
+        raise CliError("--like goes with --trace")
+    if args.trace and not args.like:
+        raise CliError("--trace needs --like RUN_DIR: the recorded run whose settings and step-time model it uses")
+    if args.jobs < 1:
+        raise CliError("--jobs must be at least 1")
+    try:
+        grid = parse_sets(args.sets)
+        require_vllm()
+    except SettingError as e:
+        raise CliError(str(e)) from None
+    except WhatifError as e:
+        raise CliError(str(e), code=EXIT_NO_EVENTS) from None
+    run_dir = resolve_run_dir(args.like or args.run_dir)
+    # vLLM's import-time warnings about this machine's backend (Triton, block size) are
+    # about the engine it is not running; errors still show
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    print(f"vllm-probe: replaying {run_dir}" + (f" with the requests of {args.trace}" if args.trace else "")
+          + f": baseline and {len([g for g in grid if g])} setting(s), {args.jobs} at a time", file=sys.stderr)
+    try:
+        result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
+                         trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,
+                         step_time_scale=args.step_time_scale)
+    except (SettingError, WorkloadError, TraceError) as e:
+        raise CliError(str(e)) from None
+    except WhatifError as e:
+        raise CliError(str(e), code=EXIT_NO_EVENTS) from None
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        from ..tui.whatif_view import render
+
+        print_report(lambda _width: render(result))
+    return 0

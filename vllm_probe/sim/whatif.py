@@ -1,0 +1,348 @@
+"""``vllm-probe whatif``: a recorded run replayed through vLLM's own scheduler at other settings.
+
+The stable entry point (the ``whatif`` command and ``vllm-probe doctor --whatif`` use it)::
+
+    from vllm_probe.sim.whatif import predict
+
+    result = predict("vllm-probe-runs/20261201-long_prompts",
+                     [{"max_num_batched_tokens": 2048}, {"num_kv_blocks": 128}], jobs=2)
+    result.baseline.error["within"]            # the self-replay is credible
+    for cfg in result.configs:                  # one per point of the grid, in order
+        cfg.settings["max_num_batched_tokens"]  # every setting in force, by name
+        cfg.summary.preemptions.count, cfg.summary.latency.ttft_s.p90, cfg.run_dir
+
+What :func:`predict` does:
+
+1. reads the run's workload (:func:`vllm_probe.analysis.workload.load_workload`: arrivals,
+   prompt and output lengths, priorities, block digests) or a timed trace with a
+   recorded run's settings (``trace=``);
+2. fits the step-time model on the recorded steps (:func:`vllm_probe.sim.stepmodel.fit`);
+3. resolves and checks every point of the grid as vLLM would at start-up
+   (:mod:`vllm_probe.sim.engine_args`), before anything runs;
+4. replays the recorded settings (the *baseline*) and each point of the grid
+   (:func:`vllm_probe.sim.replay.replay`), ``jobs`` processes at a time, each into an
+   ordinary run directory (``meta.json`` says ``simulated``, the source and the
+   settings), summarized with the summary every other command uses;
+5. measures the baseline against the recorded run (:data:`BASELINE_TOLERANCES`).
+
+Errors: :class:`WhatifError` (one line: no vLLM, a run that is not replayable),
+:class:`~vllm_probe.sim.engine_args.SettingError` (a setting vLLM would refuse),
+:class:`~vllm_probe.analysis.workload.WorkloadError` (a run without request or step
+events, the flag named).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import multiprocessing
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..analysis.compare import relative_errors
+from ..analysis.summary import Summary, summarize
+from ..analysis.workload import Workload, WorkloadError, load_workload
+from ..engine.sink import EventSink
+from ..runs.rundir import read_meta, write_meta
+from . import engine_args
+from .engine_args import SettingError
+from .stepmodel import StepTimeModel, fit
+
+#: The baseline replay's largest accepted relative error per figure (labels of
+#: :data:`vllm_probe.analysis.compare.FIGURES`): the issue's targets, 2 % for
+#: scheduling figures and 5 % for throughput and time to first token.
+BASELINE_TOLERANCES = {
+    "steps": 0.02,
+    "preemptions": 0.02,
+    "chunks/prompt mean": 0.02,
+    "output tokens/s": 0.05,
+    "TTFT median": 0.05,
+    "TTFT p90": 0.05,
+}
+#: Above this drift of the recorded run's speed (:attr:`~vllm_probe.sim.stepmodel.Quality.drift`)
+#: a note says the model cannot follow it (±25 %: runs on the quiet machine drift 10-20 %).
+DRIFT_NOTE = 0.25
+#: Events the replay's sink may hold before its writer drains them (the writer runs
+#: every 0.1 s; a replay emits a few thousand events in that time).
+SINK_CAPACITY = 1 << 20
+#: Engine-config fields of the recorded engine a simulated run's ``engine_config`` keeps
+#: (the harness scheduler cannot have them: its memory, its KV-cache layout).
+_RECORDED_FIELDS = ("kv_cache_groups", "kv_block_bytes", "device_memory_bytes", "gpu_memory_utilization",
+                    "num_gpu_blocks_override", "kv_cache_memory_bytes", "num_speculative_tokens",
+                    "data_parallel_size")
+
+
+class WhatifError(Exception):
+    """``whatif`` cannot run; the message is one line."""
+
+
+@dataclass
+class ConfigResult:
+    """One replay.
+
+    Attributes:
+        settings: every setting of :data:`~vllm_probe.sim.engine_args.SETTINGS` in
+            force, by name (None: not in this vLLM release / not recorded).
+        overrides: what the grid point changed (empty for the baseline).
+        run_dir: the simulated run directory.
+        summary: its :class:`~vllm_probe.analysis.summary.Summary`.
+        replay: ``steps``, ``wall_s``, ``cpu_s``, ``virtual_s`` of the replay loop.
+    """
+
+    settings: dict[str, Any]
+    overrides: dict[str, Any]
+    run_dir: Path
+    summary: Summary
+    replay: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": self.settings, "overrides": self.overrides, "run_dir": str(self.run_dir),
+                "summary": self.summary.to_dict(), "replay": self.replay}
+
+
+@dataclass
+class WhatifResult:
+    """What :func:`predict` found.
+
+    Attributes:
+        source: the recorded run (or the trace file, with ``like`` the run whose
+            settings and model it used).
+        model: the step-time model fitted on the recorded run.
+        recorded: the recorded run's summary (the ``like`` run's for a trace).
+        baseline: the replay at the recorded settings (the trace's at the ``like``
+            run's settings).
+        error: :func:`~vllm_probe.analysis.compare.relative_errors` of the baseline
+            against the recorded run (the ``like`` run's own self-replay for a trace),
+            with :data:`BASELINE_TOLERANCES`.
+        configs: one per point of the grid, in order.
+        notes: what the replay assumed or could not reproduce, one line each.
+    """
+
+    source: str
+    model: StepTimeModel
+    recorded: Summary
+    baseline: ConfigResult
+    error: dict[str, Any]
+    configs: list[ConfigResult]
+    notes: list[str] = field(default_factory=list)
+    like: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``whatif --json`` object: ``source``, ``model``, ``baseline`` (``summary``,
+        ``error``, ``settings``, ``run_dir``), ``configs`` and ``notes``."""
+        base = self.baseline.to_dict()
+        return {
+            "source": self.source,
+            "like": self.like,
+            "model": self.model.to_dict(),
+            "recorded": self.recorded.to_dict(),
+            "baseline": {**base, "error": self.error},
+            "configs": [c.to_dict() for c in self.configs],
+            "notes": self.notes,
+        }
+
+
+def require_vllm() -> None:
+    """Raises :class:`WhatifError` when vLLM cannot be imported (reading commands do
+    not need it; the replay runs vLLM's own scheduler)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise WhatifError("whatif replays vLLM's own scheduler and needs vLLM installed in this "
+                          "environment (pip install vllm); summary, compare, tail and export work without it")
+
+
+def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | None = None, jobs: int = 1,
+            *, trace: str | Path | None = None, trace_hash_size: int = 16,
+            trace_sec_multiplier: float = 1.0, mode: str = "timed", step_time_scale: float = 1.0) -> WhatifResult:
+    """Replay the run in ``run_dir`` at its own settings and at each point of ``grid``.
+
+    Args:
+        run_dir: a recorded run (with ``trace``: the run whose engine settings and
+            step-time model the trace is replayed with).
+        grid: settings to change per replay, by the names of
+            :data:`~vllm_probe.sim.engine_args.SETTINGS` (``[{}]`` or ``[]``: baseline only).
+        out: parent of the simulated run directories (default: ``<run_dir>-whatif``
+            next to the run); ``baseline/`` and one directory per grid point, replaced
+            when they exist.
+        jobs: processes replaying at once (each imports vLLM: ~650 MiB).
+        trace: a timed-trace JSONL file (``vllm bench serve --dataset-name
+            timed_trace``'s format) to replay instead of the run's own requests.
+        trace_hash_size, trace_sec_multiplier: as vLLM's ``--timed-trace-chunk-hash-size``
+            and ``--timed-trace-sec-multiplier``.
+        mode: ``timed`` (arrivals by time) or ``steps`` (by recorded step index; the
+            recorded schedule exactly, whatever the model).
+        step_time_scale: multiplies every predicted step time, the baseline's too
+            (1.25: an engine 25 % slower than during the recording).
+
+    Raises:
+        WhatifError, SettingError, WorkloadError: see the module docstring.
+    """
+    require_vllm()
+    run_dir = Path(run_dir)
+    recorded_w = load_workload(run_dir)
+    notes = _notes(recorded_w)
+    try:
+        model = fit(recorded_w)
+    except ValueError as e:
+        raise WhatifError(str(e)) from None
+    drift = model.quality.drift if model.quality else 0.0
+    if drift > DRIFT_NOTE:
+        notes.append(f"the recorded run's step times drifted by up to ±{drift * 100:.0f} % between tenths of the "
+                     "run (the machine's speed changed while it ran); the model assumes one speed, so queues that "
+                     "built up in slow stretches are not replayed (docs/whatif.md)")
+    if step_time_scale <= 0:
+        raise WhatifError(f"the step-time scale must be positive, not {step_time_scale}")
+    model.scale = step_time_scale
+    if step_time_scale != 1.0:
+        notes.append(f"every step time is scaled by {step_time_scale:g}, the baseline's too")
+    w = recorded_w
+    if trace is not None:
+        from ..exporters.trace import trace_workload
+
+        w = trace_workload(Path(trace), recorded_w, trace_hash_size, trace_sec_multiplier)
+        mode = "timed"
+        notes = _notes(w)
+    grid = [dict(point) for point in grid if point] or []
+    planned = [_plan(w, {})] + [_plan(w, point) for point in grid]  # checks every point first
+    out = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}-whatif"
+    names = ["baseline" if trace is None else "trace"] + [_slug(p) for p in grid]
+    command = ["vllm-probe", "whatif", str(run_dir)]
+    if trace is not None:
+        command = ["vllm-probe", "whatif", "--trace", str(trace), "--like", str(run_dir)]
+    tasks = [_Task(w, model, overrides, settings, spec, out / name, mode, str(trace or run_dir),
+                   command + [a for k, v in overrides.items() for a in ("--set", f"{k}={_text(v)}")])
+             for name, (overrides, settings, spec) in zip(names, planned)]
+    if trace is not None:  # the model's credibility: the like run against its own replay
+        settings, spec = planned[0][1], planned[0][2]
+        tasks.insert(0, _Task(recorded_w, model, {}, settings, spec, out / "baseline", "timed",
+                              str(run_dir), ["vllm-probe", "whatif", str(run_dir)]))
+    results = _run_all(tasks, jobs)
+    recorded = summarize(run_dir)
+    self_replay = results[0]
+    error = relative_errors(recorded, self_replay.summary, BASELINE_TOLERANCES)
+    if trace is not None:
+        results = results[1:]
+    return WhatifResult(str(trace or run_dir), model, recorded, results[0], error, results[1:], notes,
+                        like=str(run_dir) if trace is not None else None)
+
+
+def _notes(w: Workload) -> list[str]:
+    """What the replay assumes about this run, one line each."""
+    notes = []
+    cfg = w.config
+    anchored = [r for r in w.requests if r.anchored]
+    if len(anchored) > 1:
+        by_step: dict[int, int] = {}
+        for r in anchored:
+            by_step[r.add_before_step] = by_step.get(r.add_before_step, 0) + 1
+        pattern = ", ".join(f"{n} before step {k}" for k, n in sorted(by_step.items()))
+        notes.append(f"offline burst: {len(anchored)} requests are added as recorded ({pattern}) at every "
+                     "setting; the arrival race of LLM.generate can split a burst differently in another run")
+    if w.unfinished:
+        notes.append(f"{w.unfinished} request(s) were still running when the log ended; the replay serves them "
+                     "the output tokens they had produced (estimated) and lets them finish")
+    if cfg.get("prefix_caching") and not w.has_digests:
+        notes.append("prefix caching was on but request_added has no block_digests (scheduler_probe."
+                     "log_block_digests off, or an older probe): the replay assumes no prompt shares a block")
+    groups = cfg.get("kv_cache_groups") or []
+    if len(groups) > 1 or any(g != "FullAttentionSpec" for g in groups):
+        notes.append(f"the model's KV cache has groups {groups}; the replay builds one full-attention group, "
+                     "so KV accounting is approximate")
+    if cfg.get("num_speculative_tokens"):
+        notes.append("speculative decoding is not replayed (each step samples one token per request)")
+    if cfg.get("scheduler_class") == "AsyncScheduler":
+        notes.append("AsyncScheduler: replayed with EngineCore's batch queue of two; not verified against a "
+                     "real async engine on this machine (the CPU backend forces synchronous scheduling)")
+    if not w.chunk_events:
+        notes.append("no chunk events (scheduler_probe.log_chunk_boundaries off): the step-time model uses "
+                     "scheduled tokens only")
+    return notes
+
+
+def _plan(w: Workload, overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    settings, spec = engine_args.resolve(w.config, overrides)
+    spec = engine_args.check(spec, overrides)
+    return overrides, settings, spec
+
+
+def _text(v: Any) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _slug(overrides: dict[str, Any]) -> str:
+    """A directory name for a grid point, e.g. ``max_num_batched_tokens=2048,num_kv_blocks=128``."""
+    text = ",".join(f"{k}={_text(v)}" for k, v in overrides.items())
+    return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", text)[:200] or "config"
+
+
+@dataclass
+class _Task:
+    """One replay for a worker process (picklable)."""
+
+    workload: Workload
+    model: StepTimeModel
+    overrides: dict[str, Any]
+    settings: dict[str, Any]
+    spec: Any
+    run_dir: Path
+    mode: str
+    source: str
+    command: list[str]
+
+
+def _run_all(tasks: list[_Task], jobs: int) -> list[ConfigResult]:
+    if jobs <= 1 or len(tasks) == 1:
+        return [_run(t) for t in tasks]
+    # fork: the workers inherit vLLM's imports (seconds each) from this process
+    ctx = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        return list(pool.map(_run, tasks))
+
+
+def _run(task: _Task) -> ConfigResult:
+    """Replay one task into its run directory and summarize it."""
+    from .replay import replay
+
+    run_dir = task.run_dir
+    if run_dir.exists():
+        if not read_meta(run_dir).get("simulated") and any(run_dir.iterdir()):
+            raise WhatifError(f"{run_dir} exists and is not a simulated run; choose another --out")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, mode=0o700)
+    start = time.time()
+    sink = EventSink(run_dir / f"events-{os.getpid()}.jsonl", capacity=SINK_CAPACITY)
+    cfg = task.workload.config
+    overlay = {k: cfg.get(k) for k in _RECORDED_FIELDS}
+    if "gpu_memory_utilization" in task.overrides:
+        overlay["gpu_memory_utilization"] = task.overrides["gpu_memory_utilization"]
+    try:
+        stats = replay(task.workload, task.spec, task.model.predict, sink, mode=task.mode, config_overlay=overlay)
+    finally:
+        sink.close()
+    if sink.dropped:
+        raise WhatifError(f"the replay into {run_dir} dropped {sink.dropped} events (disk too slow or full)")
+    replay_info = {"steps": stats.steps, "wall_s": stats.wall_s, "cpu_s": stats.cpu_s,
+                   "virtual_s": stats.virtual_s, "steps_per_cpu_s": stats.steps_per_cpu_s}
+    write_meta(run_dir, {
+        "probe_version": __version__,
+        "simulated": True,
+        "source": task.source,
+        "settings": task.settings,
+        "overrides": task.overrides,
+        "command": task.command,
+        "start_time": start,
+        "end_time": time.time(),
+        "exit_code": 0,
+        "whatif": {"mode": task.mode, "lag_s": task.workload.lag_s(), "model": task.model.to_dict(),
+                   "replay": replay_info, "spec": asdict(task.spec) | {"model_dir": None}},
+    })
+    return ConfigResult(task.settings, task.overrides, run_dir, summarize(run_dir), replay_info)
+
+
+__all__ = ["BASELINE_TOLERANCES", "ConfigResult", "SettingError", "WhatifError", "WhatifResult",
+           "WorkloadError", "predict", "require_vllm"]

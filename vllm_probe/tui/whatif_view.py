@@ -1,0 +1,116 @@
+"""The ``vllm-probe whatif`` report: the step-time model, the baseline's error against the
+recorded run (before any prediction), then the recorded run, the baseline and each
+setting side by side with deltas against the baseline, in the style of ``compare``.
+
+Every figure and delta comes from :mod:`vllm_probe.analysis.compare` (its
+:data:`~vllm_probe.analysis.compare.FIGURES` and :func:`~vllm_probe.analysis.compare.delta`);
+the result is :class:`vllm_probe.sim.whatif.WhatifResult` (read by attribute: the views
+do not import the simulation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from ..analysis.compare import FIGURE
+from .compare_view import fmt_delta
+from .format import figure
+
+#: The rows of the side-by-side table, by compare's figure labels.
+ROWS = ("steps", "duration", "output tokens/s", "preemptions", "discarded tokens", "chunks/prompt mean",
+        "queue time median", "queue time p90", "TTFT median", "TTFT p90", "inter-token median", "bound by")
+
+
+def _model_line(model: Any) -> Text:
+    parts = [f"{figure(v)} {unit}" + ("" if term == "intercept" else f" × {term}")
+             for term, v, unit in model.describe() if v or term == "intercept"]
+    q = model.quality
+    line = Text.assemble(("step-time model ", "bold"), "period = " + " + ".join(parts))
+    if q is not None:
+        r2 = "-" if q.r2 is None else f"{q.r2:.2f}"
+        r2t = "-" if q.r2_trimmed is None else f"{q.r2_trimmed:.2f}"
+        line.append(f"\n  fitted on {q.steps:,} steps: R² {r2} ({r2t} without the {q.steps - q.kept} worst), "
+                    f"per-step error median {q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms, "
+                    f"speed drift ±{q.drift * 100:.0f} % over the run", style="dim")
+    return line
+
+
+def _baseline(error: dict[str, Any], trace: bool) -> list[Any]:
+    title = ("Baseline: the recorded run replayed at its own settings" if not trace
+             else "Baseline: the --like run replayed at its own settings (the model's credibility)")
+    t = Table(title=title, title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("", style="dim", no_wrap=True)
+    for col in ("recorded", "replayed", "error", "threshold", ""):
+        t.add_column(col, justify="right", no_wrap=True)
+    off = []
+    for label, row in error["figures"].items():
+        unit = FIGURE[label].unit
+        err = row["error"]
+        err_text = "-" if err is None else f"{err * 100:+.1f}%".replace("-", "−")
+        if row["value"] == row["reference"]:
+            err_text = "="
+        mark = Text("ok", style="green") if row["within"] else Text("off", style="red")
+        if not row["within"]:
+            off.append(f"{label} ({err_text})")
+        t.add_row(label, figure(row["reference"], unit), figure(row["value"], unit), err_text,
+                  f"±{row['tolerance'] * 100:.0f}%", mark)
+    out: list[Any] = [t]
+    if off:
+        out.append(Text("the baseline is off by more than its threshold on " + ", ".join(off)
+                        + ": predictions below carry errors of that size (docs/whatif.md says why)", style="yellow"))
+    return out
+
+
+def render(result: Any) -> Group:
+    """The report of a :class:`~vllm_probe.sim.whatif.WhatifResult`."""
+    trace = result.like is not None
+    head = Text.assemble(("vllm-probe whatif ", "bold"), (result.source, "cyan"))
+    if trace:
+        head.append(f"  with the settings of {result.like}", style="dim")
+    parts: list[Any] = [head, _model_line(result.model)]
+    parts += _baseline(result.error, trace)
+    for note in result.notes:
+        parts.append(Text("note: " + note, style="dim"))
+
+    runs = [("recorded" if not trace else "like run", result.recorded), ("baseline", result.baseline.summary)]
+    runs += [(f"[{i + 1}]", c.summary) for i, c in enumerate(result.configs)]
+    for i, c in enumerate(result.configs):
+        changes = ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in c.overrides.items())
+        parts.append(Text(f"  [{i + 1}] {changes}: {c.run_dir}", style="dim"))
+    parts.append(Text(f"  baseline: {result.baseline.run_dir}", style="dim"))
+
+    t = Table(title="Predicted", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    t.add_column("", style="dim", no_wrap=True)
+    t.add_column(runs[0][0], justify="right", no_wrap=True)
+    t.add_column("baseline", justify="right", no_wrap=True)
+    for name, _ in runs[2:]:
+        t.add_column(name, justify="right", no_wrap=True)
+        t.add_column(f"Δ {name}−base", justify="right", no_wrap=True)
+    from_memory = any("gpu_memory_utilization" in c.overrides for c in result.configs)
+    changed = [k for k in result.baseline.settings if any(k in c.overrides for c in result.configs)
+               or (k == "num_kv_blocks" and from_memory)]
+    for key in changed:
+        derived = key == "num_kv_blocks" and from_memory
+        cells = [figure(result.baseline.settings.get(key)) if not trace else figure(result.recorded.config.get(key)),
+                 figure(result.baseline.settings.get(key))]
+        for c in result.configs:
+            cells += [Text(figure(c.settings.get(key)), style="bold" if key in c.overrides else ""), Text("")]
+        t.add_row(key + (" (from memory)" if derived else ""), *cells)
+    if changed:
+        t.add_section()
+    for label in ROWS:
+        f = FIGURE[label]
+        base = f.get(result.baseline.summary)
+        cells: list[Any] = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
+        for _, s in runs[2:]:
+            v = f.get(s)
+            cells += [figure(v, f.unit), fmt_delta(f, base, v)]
+        t.add_row(label, *cells)
+    parts.append(t)
+    return Group(*parts)
