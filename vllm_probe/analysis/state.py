@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..schema.events import HEAD_BLOCKED_REASONS
 from ..schema.records import STRUCTS, from_dict
 from .figures import LIMITS, budget_use, bound_by, chunk_reread_tokens, per_second
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, RequestState
@@ -49,6 +50,13 @@ class StepRecord:
     schedule_us: float
     preempted: int
     bound: str
+    head_blocked: str | None = None  # step.head_blocked_by (None: nothing waited, or not recorded)
+
+
+#: What a ``head_blocked_by`` value a newer probe may write (not one of
+#: :data:`~vllm_probe.schema.events.HEAD_BLOCKED_REASONS`) is counted as.
+OTHER_REASON = "other"
+_KNOWN_REASONS = frozenset(HEAD_BLOCKED_REASONS)
 
 
 @dataclass
@@ -85,7 +93,7 @@ class WindowStats:
         return 100.0 * self.preemptions / self.steps if self.steps else None
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineState:
     """One engine core (data-parallel rank): the latest records, run totals (tokens,
     requests, events), a rolling window of steps and the requests in flight."""
@@ -127,6 +135,11 @@ class EngineState:
     requests_added: int = 0
     requests_finished: int = 0
     bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
+    #: steps per ``step.head_blocked_by`` reason (why the head of the waiting queue was not
+    #: admitted; :data:`~vllm_probe.schema.events.HEAD_BLOCKED_REASONS`, an unknown value as
+    #: :data:`OTHER_REASON`); steps without the field (nothing waited, or an older probe)
+    #: are not counted. Read by the summary's shares and the metrics.
+    head_blocked_counts: dict[str, int] = field(default_factory=dict)
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
     probe_stats: dict[Any, Any] = field(default_factory=dict)
@@ -357,13 +370,19 @@ class RunState:
         eng.step_preemptions += n_preempted
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
+        blocked = ev.head_blocked_by
+        if blocked is not None:
+            if blocked not in _KNOWN_REASONS:
+                blocked = OTHER_REASON
+            counts = eng.head_blocked_counts
+            counts[blocked] = counts.get(blocked, 0) + 1
         kv = ev.kv_usage or 0.0
         eng.timeline.add(step, ts, scheduled, budget or 0, prefill or 0, decode or 0, running, waiting, kv,
-                         n_preempted, bound)
+                         n_preempted, bound, blocked)
         if self.step_window:
             eng.window.append(StepRecord(
                 step, ts, scheduled, budget or 0, prefill, decode, running, waiting, kv, schedule_us,
-                n_preempted, bound,
+                n_preempted, bound, blocked,
             ))
         key = (scheduled, budget or 0)
         hist = eng.step_tokens

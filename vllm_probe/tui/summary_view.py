@@ -108,6 +108,10 @@ def render(s: Summary, width: int = 120) -> Group:
             f"{k} {figure(v, '%')}" for k, v in s.bound_by.items())
             + ".  KV re-read: prefill KV tokens read again by later chunks of the same pass; a single-shot prefill re-reads 0.",
             style="dim"))
+    if s.head_blocked_by:
+        parts.append(Text(f"head of the waiting queue blocked by (share of the {count(s.head_blocked_steps)} steps "
+                          "with requests waiting): " + " · ".join(
+                              f"{k} {figure(v, '%')}" for k, v in s.head_blocked_by.items()), style="dim"))
     if s.probe_dropped_events or s.probe_hook_errors or s.probe_hooks_disabled:
         off = f", hooks switched off: {', '.join(s.probe_hooks_disabled)}" if s.probe_hooks_disabled else ""
         parts.append(Text(f"probe: {s.probe_dropped_events} events dropped, {s.probe_hook_errors} hook errors{off} "
