@@ -11,11 +11,12 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto] [filters]
     vllm-probe summary RUN_DIR [--json]
     vllm-probe compare RUN_DIR RUN_DIR [...]
+    vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
 (e.g. no events), 2 bad usage or input (bad settings, missing run directory),
-126/127 command not executable / not found.
+3 ``doctor`` found something critical, 126/127 command not executable / not found.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vllm_probe.cli.export", "merge a run's events into one JSONL file or a Perfetto trace"),
     "summary": ("vllm_probe.cli.summary", "one-screen summary of a run"),
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
+    "doctor": ("vllm_probe.cli.doctor", "what went wrong in a run, the evidence, and what to change"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 

@@ -77,6 +77,10 @@ class View:
         engine: show only this data-parallel rank (None: all).
         chart_steps: steps shown by the rolling chart (None: one step per column; more
             than the chart's columns: several steps per column, averaged).
+        findings: the doctor's findings on the state so far (None: no findings panel).
+        moments: a finished run's notable moments (shown when ``finished``).
+        finished: the run is over: the whole-run overview replaces the rolling chart and
+            the notable moments the prefills in flight.
     """
 
     status: str = ""
@@ -87,6 +91,9 @@ class View:
     notice: str | None = None
     engine: int | None = None
     chart_steps: int | None = None
+    findings: Sequence[Any] | None = None
+    moments: Sequence[Any] = ()
+    finished: bool = False
 
 
 def _table(columns: Sequence[tuple[str, str, str]], rows: Sequence[Sequence[Any]], max_width: int,
