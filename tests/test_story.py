@@ -76,8 +76,8 @@ def test_the_overview_marks_every_preemption_column():
     panel, _ = overview_panel([state.engines[0]], 110, 16)
     console.print(panel)
     text = console.export_text()
-    marks = next(line for line in text.splitlines() if "preempt 7" in line)
-    assert marks.count("▼") == 7  # 1,000 steps in 95 columns: each preemption in its own column
+    marks = next(line for line in text.splitlines() if "▼ 7 " in line)
+    assert marks.count("▼") == 1 + 7  # the label, then 1,000 steps in 96 columns: each preemption in its own column
     assert "the whole run: 1,000 steps (~10.4 per column)" in text  # 110 - borders, padding, labels = 96 columns
 
 

@@ -152,6 +152,9 @@ class Summary:
     bound_most: str | None = None
     head_blocked_by: dict[str, float] = field(default_factory=dict)  # reason -> share of head_blocked_steps
     head_blocked_steps: int = 0  # steps with requests waiting and step.head_blocked_by recorded
+    #: a finished run's notable moments (:func:`vllm_probe.analysis.episodes.notable_moments`,
+    #: as dicts): filled by :func:`analyze_story`, empty otherwise
+    moments: list[dict[str, Any]] = field(default_factory=list)
     probe_dropped_events: int = 0  # events the probe lost (state.EngineState.events_dropped)
     probe_hook_errors: int = 0  # exceptions caught in the probe's hooks (last probe_stats per file)
     probe_hooks_disabled: list[str] = field(default_factory=list)
@@ -253,6 +256,19 @@ def analyze(run_dir: str | Path, stats: ReadStats | None = None, listener: State
     if stats.events == 0:
         raise NoEventsError(f"no readable events in {run_dir} ({stats.describe()})")
     return result
+
+
+def analyze_story(run_dir: str | Path, stats: ReadStats | None = None) -> tuple[RunState, Summary]:
+    """:func:`analyze` with the doctor's episodes following the state, and the summary's
+    ``moments`` filled (``vllm-probe summary``: the whole-run overview is drawn from the
+    state's timelines). Raises like :func:`analyze`."""
+    from .episodes import Episodes, notable_moments
+
+    episodes = Episodes()
+    state, summary = analyze(run_dir, stats, listener=episodes)
+    assert summary is not None
+    summary.moments = [asdict(m) for m in notable_moments(state, episodes)]
+    return state, summary
 
 
 def summarize(run_dir: str | Path, stats: ReadStats | None = None) -> Summary:

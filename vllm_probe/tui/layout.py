@@ -5,8 +5,9 @@ Panels in priority order when the terminal is short: header, current step, rolli
 chart, preemptions, prefills in flight, findings, requests (and the command's output
 while no event has arrived). From :data:`WIDE_WIDTH` columns the middle has two columns:
 [current step + chart] | [preemptions + prefills in flight]. Once the run is finished
-(``View.finished``) the whole-run overview takes the rolling chart's place and the
-notable moments that of the prefills in flight (:mod:`vllm_probe.tui.story`). Below
+(``View.finished``) the whole-run overview takes the rolling chart's place, and the
+notable moments that of the prefills in flight, across the whole width
+(:mod:`vllm_probe.tui.story`). Below
 :data:`~vllm_probe.tui.dashboard.MIN_FULL_WIDTH` ×
 :data:`~vllm_probe.tui.dashboard.MIN_FULL_HEIGHT` the compact view is shown. Pure: no
 I/O, no clock; the caller (:mod:`vllm_probe.tui.watch`) owns the loop and passes ``now``.
@@ -32,6 +33,8 @@ from .story import moments_panel, overview_panel
 FINDINGS_ROWS = 6
 #: Rows of the whole-run overview when there is room (and its minimum).
 OVERVIEW_ROWS, OVERVIEW_MIN_ROWS = 14, 10
+#: Notable moments listed on a finished run's dashboard (at most).
+MOMENT_ROWS = 6
 
 #: From this many columns on, the middle of the dashboard has two columns.
 WIDE_WIDTH = 140
@@ -88,11 +91,13 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
     per_engine = 2 if not multi else 3
     want_chart = 3 + len(engines) * (max(CHART_ROWS // len(engines), CHART_MIN_ROWS) + per_engine)
     min_chart = 3 + per_engine + CHART_MIN_ROWS
+    moment_rows = 0
     if story:  # the whole run instead of the last steps; the moments instead of the prefills in flight
-        want_fill = 3 + min(len(view.moments), 8)
+        want_fill = 0
         want_chart = OVERVIEW_ROWS + (len(engines) - 1) * 8
         min_chart = OVERVIEW_MIN_ROWS
-        n_inflight = len(view.moments) or 1
+        n_inflight = 0
+        moment_rows = min(len(view.moments), MOMENT_ROWS) + 3
     log_rows = min(len(view.log_tail), 8) + 2 if view.log_tail else 0
     left -= log_rows
     find_rows = 0
@@ -100,6 +105,10 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         shown = [f for f in view.findings if getattr(f, "id", "") != "not-checked"]
         find_rows = min(max(len(shown), 1) + 2, FINDINGS_ROWS)
         left -= find_rows
+    if moment_rows and left - moment_rows >= OVERVIEW_MIN_ROWS + h_current:
+        left -= moment_rows
+    else:
+        moment_rows = 0
 
     def chart(w: int, h: int):
         if story:
@@ -107,8 +116,6 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         return chart_panel(engines, w, h, view.chart_steps)[0]
 
     def fill(w: int, h: int):
-        if story:
-            return moments_panel(list(view.moments), w, h, view.run_dir)[0]
         return prefills_panel(engines, w, h, multi)[0]
 
     if wide and not multi:
@@ -122,7 +129,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         if mid > left:
             mid = left
         chart_h = max(mid - h_current, 0)
-        fill_h = min(want_fill, max(mid - 4 - 1, 3))
+        fill_h = min(want_fill, max(mid - 4 - 1, 3)) if not story else 0
         pre_h = mid - fill_h
         left_items: list[RenderableType] = [current]
         if chart_h >= min_chart:
@@ -160,6 +167,9 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
             fill_h = min(want_fill, left - req_min)
             parts.append(_fixed(fill(width, fill_h), fill_h))
             left -= fill_h
+    if moment_rows:
+        panel, _ = moments_panel(list(view.moments), width, moment_rows, view.run_dir)
+        parts.append(_fixed(panel, moment_rows))
     if find_rows:
         panel, _ = findings_panel(list(view.findings or ()), width, find_rows, live=not view.finished)
         parts.append(_fixed(panel, find_rows))

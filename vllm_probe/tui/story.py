@@ -79,11 +79,11 @@ def overview_panel(engines: list[EngineState], width: int, rows: int) -> tuple[P
         marks = Text(no_wrap=True)
         for r in recs:
             marks.append("▼" if r.preempted else " ", PREEMPT_STYLE)
-        grid.add_row(Text(f"preempt {count(eng.preemptions)}", style=PREEMPT_STYLE), marks)
+        grid.add_row(Text(f"▼ {count(eng.preemptions)}", style=PREEMPT_STYLE), marks)
         grid.add_row(Text("step", style="dim"), _axis(recs, eng))
         used += tok_rows + per_engine - (1 if len(engines) > 1 else 0)
     legend = line(("█ prefill", PREFILL_STYLE), "  ", ("█ decode", DECODE_STYLE), ("  tokens per step (mean per column), "
-                  "top = token budget", "dim"), "  ", ("▼ a preemption in the column", PREEMPT_STYLE))
+                  "top = token budget", "dim"), "  ", ("▼ preemptions (total; marked in their column)", PREEMPT_STYLE))
     title = f"the whole run: {count(steps_total)} steps" + (
         f" (~{steps_total / cols:.1f} per column)" if steps_total > cols else "")
     return Panel(Group(grid, legend), title=title, title_align="left", padding=(0, 1)), used + 3
