@@ -14,7 +14,10 @@ requests' outputs outgrow the free blocks. About 30 s here, engine start include
 so prefix caching cannot merge them.
 
 ``--scenario configs/scenarios/NAME.yaml`` takes engine and workload settings from a
-scenario file (see configs/scenarios/); command-line flags given explicitly win.
+scenario file (see configs/scenarios/); command-line flags given explicitly win. A
+scenario's ``workload.requests`` lists requests of different shapes in arrival order,
+each ``{prompt_tokens, max_tokens, count (default 1)}``, instead of ``num_prompts``
+alike ones.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ DEFAULTS = {
     "enable_prefix_caching": False,
     "shared_prefix_tokens": 0,
     "seed": 0,
+    "requests": None,
 }
 
 
@@ -102,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         gpu_memory_utilization=0.3,  # CPU backend: share of the NUMA node's memory
     )
     shared = [5 + i % 400 for i in range(cfg["shared_prefix_tokens"])]
+    shapes = [(cfg["prompt_tokens"], cfg["max_tokens"])] * cfg["num_prompts"]
+    if cfg["requests"]:
+        shapes = [(r["prompt_tokens"], r["max_tokens"]) for r in cfg["requests"] for _ in range(r.get("count", 1))]
     prompts = [
-        TokensPrompt(prompt_token_ids=shared + [3 + (i * 7919 + j * 31) % 500
-                                                for j in range(cfg["prompt_tokens"] - len(shared))])
-        for i in range(cfg["num_prompts"])
+        TokensPrompt(prompt_token_ids=shared + [3 + (i * 7919 + j * 31) % 500 for j in range(length - len(shared))])
+        for i, (length, _) in enumerate(shapes)
     ]
-    params = SamplingParams(temperature=0.0, max_tokens=cfg["max_tokens"], ignore_eos=True, seed=cfg["seed"])
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, seed=cfg["seed"]) for _, n in shapes]
     t0 = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0

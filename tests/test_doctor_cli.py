@@ -66,7 +66,9 @@ def test_expect_the_seed_config_against_a_run_started_with_other_flags(tmp_path,
                                         {"setting": "max_num_seqs", "expected": 64, "effective": 8}]
     assert f["evidence"]["not_recorded"] == ["gpu_memory_utilization"]
     assert f["remedy"]["whatif"] == {"max_num_batched_tokens": 8192, "max_num_seqs": 64}
-    assert "--max-num-batched-tokens 8,192" in f["remedy"]["arithmetic"]
+    assert f["remedy"]["arithmetic"].startswith("pass --max-num-batched-tokens 8192, --max-num-seqs 64 on the command line")
+    assert f["evidence"]["not_in_v1"] == [{"setting": "preemption_mode",
+                                           "note": "vLLM V1 always preempts by recompute (the swap mode was V0's)"}]
 
 
 def test_the_expectations_recorded_by_run_settings_are_used(tmp_path, capsys):

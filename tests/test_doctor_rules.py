@@ -351,3 +351,23 @@ def test_every_rule_is_quiet_on_an_empty_run(name):
     state = RunState()
     ep = Episodes()
     assert dict(rules.CATALOGUE)[name](rules.Context(state, ep)) == []
+
+
+def test_a_run_with_step_events_off_says_what_it_could_not_check():
+    """settings.minimal.yaml: preemptions and chunks only. The storm is judged on the work
+    it discarded; the rules that need steps say so."""
+    r = Run(flags={"log_schedule_each_step": False, "log_preempt_events": True, "log_chunk_boundaries": True,
+                   "log_request_events": True})
+    r.add("P", 1000, 8)
+    r.chunk("P", 0, 0, 1000, 1000, last=True)
+    r.n += 1
+    for i in range(2):
+        r.preempt(f"V{i}", 100, 100, 1)
+        r.n += 1
+    found = {f.id: f for f in r.analyze()[2]}
+    assert found["preemption-storm"].message.startswith("2 preemptions (2 requests) threw away 200 computed tokens, 20%")
+    assert found["preemption-storm"].evidence["per_100_steps"] is None
+    checked = found["not-checked"].evidence["rules"]
+    assert set(checked) == {"kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded",
+                            "chunking-without-benefit", "head-of-line-blocking"}
+    assert checked["stall"] == "step events are off (scheduler_probe.log_schedule_each_step)"

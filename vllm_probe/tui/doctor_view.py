@@ -86,6 +86,8 @@ def _ev_config(e: dict) -> list[str]:
     out = [f"{d['setting']}: expected {figure(d['expected'])}, in force {figure(d['effective'])}" for d in e["differs"]]
     if e.get("not_recorded"):
         out.append("not recorded by engine_config (not checked): " + ", ".join(e["not_recorded"]))
+    for n in e.get("not_in_v1", []):
+        out.append(f"{n['setting']}: not a setting of vLLM V1 ({n['note']})")
     return out
 
 

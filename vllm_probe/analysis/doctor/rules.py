@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..episodes import SHORT_PROMPT_SHARE, EngineEpisodes, Episodes, Wait
-from ..expected import DIFFERS, NOT_RECORDED, SettingCheck
+from ..expected import DIFFERS, NOT_RECORDED, NOT_V1, SettingCheck
 from ..figures import Distribution, budget_use_counts
 from ..state import EngineState, RunState
 from .findings import CRITICAL, INFO, WARNING, Finding, Remedy
@@ -193,22 +193,23 @@ def preemption_storm(ctx: Context) -> list[Finding]:
     out = []
     for eng, ep in _engines(ctx):
         n = eng.preemptions or eng.step_preemptions
-        if n < STORM_MIN_PREEMPTIONS or not eng.steps:
+        if n < STORM_MIN_PREEMPTIONS:
             continue
-        per_100 = 100 * n / eng.steps
+        per_100 = 100 * n / eng.steps if eng.steps else None  # None: step events are off
         work = eng.chunk_tokens
         share = eng.discarded_tokens / work if work else 0.0
-        if per_100 < STORM_PER_100_STEPS and share < STORM_DISCARD_SHARE:
+        if (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
             continue
         busiest = [{"step": step, "preempted": victims} for step, victims in ep.preempting_steps.items()[:3]]
         first = ep.first_preempt[0] if ep.first_preempt else (busiest[0]["step"] if busiest else None)
-        msg = (f"{_n(n)} preemptions in {_n(eng.steps)} steps ({per_100:.1f} per 100 steps, {_n(eng.requests_preempted)} "
-               f"requests)" + (f" threw away {_n(eng.discarded_tokens)} computed tokens, {_pct(share)} of all prefill work"
+        rate = (f"in {_n(eng.steps)} steps ({per_100:.1f} per 100 steps, {_n(eng.requests_preempted)} requests)"
+                if per_100 is not None else f"({_n(eng.requests_preempted)} requests)")
+        msg = (f"{_n(n)} preemptions {rate}" + (f" threw away {_n(eng.discarded_tokens)} computed tokens, {_pct(share)} of all prefill work"
                                if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
         out.append(Finding(
             "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
             {**_engine_ev(ctx, eng), "preemptions": n, "requests": eng.requests_preempted,
-             "per_100_steps": round(per_100, 2), "discarded_tokens": eng.discarded_tokens, "prefill_tokens": work,
+             "per_100_steps": round(per_100, 2) if per_100 is not None else None, "discarded_tokens": eng.discarded_tokens, "prefill_tokens": work,
              "discarded_share": round(share, 4), "first_step": first, "busiest_steps": busiest,
              "peak_kv_demand_blocks": ep.peak_demand_blocks or None, "peak_running": ep.peak_running or None,
              "usable_kv_blocks": (eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None},
@@ -293,9 +294,11 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
         cfg = eng.config
         if cfg is None or not cfg.max_num_batched_tokens:
             continue
-        if not (_flag(eng, "log_chunk_boundaries") and _flag(eng, "log_request_events")):
-            ctx.not_checked["head-of-line-blocking"] = ("needs chunk and request events "
-                                                        "(scheduler_probe.log_chunk_boundaries, log_request_events)")
+        if not (_flag(eng, "log_chunk_boundaries") and _flag(eng, "log_request_events")
+                and _flag(eng, "log_schedule_each_step")):
+            ctx.not_checked["head-of-line-blocking"] = (
+                "needs step, chunk and request events (scheduler_probe.log_schedule_each_step, "
+                "log_chunk_boundaries, log_request_events)")
             continue
         budget = cfg.max_num_batched_tokens
         victims = _blocked_victims(ep, budget)
@@ -622,7 +625,7 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
     for eng, ep in _engines(ctx):
         c = ep.chunked_alone
         cfg = eng.config
-        if not c.prompts or cfg is None or not eng.steps:
+        if not c.prompts or cfg is None or not eng.steps or not _flag(eng, "log_schedule_each_step"):
             continue
         share = c.extra_steps / eng.steps
         want = _round_up(max(c.longest_prompt, cfg.max_num_batched_tokens or 0), 256)
@@ -660,9 +663,10 @@ def config_not_applied(ctx: Context) -> list[Finding]:
     whatif = {_WHATIF_NAME.get(c.setting, c.setting): c.expected for c in differs if c.setting in _WHATIF_NAME}
     return [Finding("config-not-applied", WARNING, msg, {
         "source": src, "differs": [{"setting": c.setting, "expected": c.expected, "effective": c.effective} for c in differs],
-        "not_recorded": [c.setting for c in unrecorded]},
+        "not_recorded": [c.setting for c in unrecorded],
+        "not_in_v1": [{"setting": c.setting, "note": c.note} for c in ctx.expected if c.status == NOT_V1]},
         Remedy(first.setting, first.expected,
-               "pass " + ", ".join(f"--{c.setting.replace('_', '-')} {_v(c.expected)}" for c in differs)
+               "pass " + ", ".join(f"--{c.setting.replace('_', '-')} {_arg(c.expected)}" for c in differs)
                + " on the command line (or in the engine arguments the server reads)",
                "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif))]
 
@@ -673,6 +677,11 @@ _WHATIF_NAME = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seq
                 "long_prefill_token_threshold": "long_prefill_token_threshold",
                 "enable_chunked_prefill": "enable_chunked_prefill", "enable_prefix_caching": "enable_prefix_caching",
                 "scheduling_policy": "scheduling_policy"}
+
+
+def _arg(v: Any) -> str:
+    """A value as a command-line flag takes it (``8192``, ``true``)."""
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def _v(v: Any) -> str:
@@ -709,7 +718,8 @@ def not_checked(ctx: Context) -> list[Finding]:
     """What the run's data could not support (flags off, an older probe, lost events)."""
     for eng in ctx.state.engines.values():
         if not _flag(eng, "log_schedule_each_step"):
-            for rid in ("kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded", "chunking-without-benefit"):
+            for rid in ("kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded", "chunking-without-benefit",
+                        "head-of-line-blocking"):
                 ctx.not_checked.setdefault(rid, "step events are off (scheduler_probe.log_schedule_each_step)")
         if not _flag(eng, "log_chunk_boundaries"):
             ctx.not_checked.setdefault("chunking-without-benefit",
