@@ -313,7 +313,7 @@ class Episodes(StateListener):
             del ring[:CHUNK_RING]
         index = ev.chunk_index or 0
         if index == 0:
-            self._admit(ep, req)
+            self._admit(ep, req, step)
             if not ev.resumed:
                 if not last:  # a pass in one chunk cannot be chunked without benefit
                     ep._passes[rid] = _Pass(step)
@@ -327,7 +327,7 @@ class Episodes(StateListener):
                 if index:
                     p.reread += start
 
-    def _admit(self, ep: EngineEpisodes, req: RequestState) -> None:
+    def _admit(self, ep: EngineEpisodes, req: RequestState, step: int) -> None:
         cfg = ep.eng.config
         block = cfg.block_size if cfg is not None else None
         if not block or req.req_id in ep._admitted:
@@ -344,7 +344,7 @@ class Episodes(StateListener):
         if ep.demand_blocks > ep.peak_demand_blocks:
             ep.peak_demand_blocks = ep.demand_blocks
             ep.peak_running = len(ep._admitted)
-            ep.peak_step = ep.eng.last_step + 1
+            ep.peak_step = step
 
     def _release(self, ep: EngineEpisodes, rid: str) -> None:
         blocks = ep._admitted.pop(rid, None)

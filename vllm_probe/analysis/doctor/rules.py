@@ -731,7 +731,11 @@ def not_checked(ctx: Context) -> list[Finding]:
                 + ": counts may be low")
     if not ctx.not_checked:
         return []
-    return [Finding("not-checked", INFO, "Not checked: " + "; ".join(f"{k} ({v})" for k, v in ctx.not_checked.items()),
+    by_why: dict[str, list[str]] = {}
+    for rule_id, why in ctx.not_checked.items():
+        by_why.setdefault(why, []).append(rule_id)
+    return [Finding("not-checked", INFO, "Not checked: " + "; ".join(f"{', '.join(ids)}: {why}"
+                                                                     for why, ids in by_why.items()),
                     {"rules": dict(ctx.not_checked)})]
 
 
