@@ -19,7 +19,7 @@ bounded memory:
   re-reads);
 * **KV demand** — the KV blocks the admitted requests would need at full length
   (prompt + ``max_tokens``, capped at ``max_model_len``), its peak and the running
-  requests at the peak: the arithmetic behind the KV-cache remedies;
+  requests at the peak: the arithmetic behind the KV-cache remedies.
 
 Who took the budget during a wait is read back from a bounded ring of the latest
 :data:`CHUNK_RING` prefill chunks, only for the few waits that are reported
@@ -55,7 +55,6 @@ SHORT_PROMPT_SHARE = 0.25
 #: A wait counts as most of a request's time to first token from this share (queue time /
 #: TTFT). AIPerf and vLLM's benchmark report TTFT including queueing; this separates it.
 QUEUE_SHARE_OF_TTFT = 0.5
-
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -121,6 +120,9 @@ class ChunkedAlone:
 
 
 class _Pass:
+    """A first prefill pass in progress: chunks so far, whether a step of it decoded
+    anything, the KV tokens its later chunks re-read, its first step."""
+
     __slots__ = ("chunks", "decoded", "reread", "first_step")
 
     def __init__(self, first_step: int) -> None:
@@ -233,7 +235,6 @@ class EngineEpisodes:
 
     # -- helpers -------------------------------------------------------------------------
 
-
     def _wait(self, rid: str, w: tuple) -> Wait:
         arrival, first, plen, then, now = w
         return Wait(rid, self.engine, arrival, first, plen, _diff(now, then) if then is not None else {})
@@ -249,9 +250,10 @@ class EngineEpisodes:
 
     def _head_request(self) -> RequestState | None:
         """The request the scheduler most likely has at the head of its waiting queue
-        (the events do not name it): a preempted one first (vLLM prepends it), then by
-        arrival, or by (priority, arrival) under the priority policy. O(requests known);
-        called once per stall, not per step."""
+        (the events do not name it), in FCFS order: the latest preempted one (vLLM
+        prepends it), else the earliest arrival. Under the priority policy the guess can
+        be wrong (the state does not keep priorities). O(requests known); called once per
+        stall, not per step."""
         waiting = [r for r in self.eng.requests.values() if r.phase in ("waiting", "preempted")]
         if not waiting:
             return None
