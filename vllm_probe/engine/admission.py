@@ -45,6 +45,8 @@ from typing import Any, Callable
 from ..schema.events import HEAD_BLOCKED_REASONS as REASONS
 from .compat import parse_version
 
+__all__ = ["REASONS", "AdmissionProfile", "head_blocked_by"]
+
 #: ``RequestStatus`` members of a request that waits for something outside the scheduler
 #: (``WAITING_FOR_FSM`` became ``WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR`` in 0.19).
 _BLOCKED_STATUSES = frozenset({"WAITING_FOR_REMOTE_KVS", "WAITING_FOR_FSM",
