@@ -40,6 +40,7 @@ run by the compatibility suite). Known limits are listed in docs/events.md under
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 from ..schema.events import HEAD_BLOCKED_REASONS as REASONS
@@ -58,6 +59,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # -- the head of the waiting queue, per release (compat.DIFFERENCES) -------------------------
+# vLLM's FCFS queue is a ``deque`` subclass whose ``__bool__``/``__len__`` are Python methods
+# around deque's own; where the queues are deques (checked once, in the profile) the head is
+# read with deque's C methods: ~0.3 µs instead of ~2.6 µs through ``peek_request`` (measured
+# on vLLM 0.32's FCFSRequestQueue). Other queues (the priority policy's heap) use peek_request.
+
+_len = deque.__len__
+_first = deque.__getitem__
 
 
 def _head_single(s: Any) -> Any:
@@ -66,10 +74,22 @@ def _head_single(s: Any) -> Any:
     return w.peek_request() if w else None
 
 
+def _head_single_deque(s: Any) -> Any:
+    w = s.waiting
+    return _first(w, 0) if _len(w) else None
+
+
 def _head_skipped_fcfs(s: Any) -> Any:
     """0.18-0.30, FCFS: requests skipped earlier (``skipped_waiting``) are visited first."""
     q = s.skipped_waiting or s.waiting
     return q.peek_request() if q else None
+
+
+def _head_skipped_fcfs_deque(s: Any) -> Any:
+    q = s.skipped_waiting
+    if not _len(q):
+        q = s.waiting
+    return _first(q, 0) if _len(q) else None
 
 
 def _head_skipped_priority(s: Any) -> Any:
@@ -88,6 +108,13 @@ def _head_kv_holding(s: Any) -> Any:
     return q.peek_request() if q else None
 
 
+def _head_kv_holding_deque(s: Any) -> Any:
+    q = s.kv_holding_waiting
+    if not _len(q):
+        q = s.waiting
+    return _first(q, 0) if _len(q) else None
+
+
 class AdmissionProfile:
     """What one scheduler's release offers, read once (:meth:`of`); the per-step
     :func:`head_blocked_by` only reads the attributes named here.
@@ -102,12 +129,18 @@ class AdmissionProfile:
         v = parse_version(version)
         sc = sched.scheduler_config
         if hasattr(sched, "kv_holding_waiting"):
+            queues = (sched.kv_holding_waiting, sched.waiting)
             self.head: Callable[[Any], Any] = _head_kv_holding
+            if all(isinstance(q, deque) for q in queues):
+                self.head = _head_kv_holding_deque
         elif hasattr(sched, "skipped_waiting"):
             policy = getattr(getattr(sched, "policy", None), "name", "FCFS")
             self.head = _head_skipped_priority if policy == "PRIORITY" else _head_skipped_fcfs
+            if self.head is _head_skipped_fcfs and all(isinstance(q, deque) for q in (sched.skipped_waiting,
+                                                                                      sched.waiting)):
+                self.head = _head_skipped_fcfs_deque
         else:
-            self.head = _head_single
+            self.head = _head_single_deque if isinstance(sched.waiting, deque) else _head_single
         self.budget: int = getattr(sched, "max_num_scheduled_tokens", None) or sc.max_num_batched_tokens
         # 0.28+: spec decode reserves draft slots per request out of max_num_batched_tokens
         self.input_budget = sc.max_num_batched_tokens if hasattr(sched, "num_prefill_lookahead") else None
