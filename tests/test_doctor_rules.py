@@ -371,3 +371,12 @@ def test_a_run_with_step_events_off_says_what_it_could_not_check():
     assert set(checked) == {"kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded",
                             "chunking-without-benefit", "head-of-line-blocking"}
     assert checked["stall"] == "step events are off (scheduler_probe.log_schedule_each_step)"
+
+
+def test_messages_read_numbers_as_the_views_do():
+    from vllm_probe.tui.format import count, pct
+
+    for v in (0.0, 0.004, 0.05, 0.0999, 0.1, 0.5, 0.999, 1.0):
+        assert rules._pct(v) == pct(v)
+    for v in (0, 7, 1024, 123456789):
+        assert rules._n(v) == count(v)

@@ -113,6 +113,8 @@ class Context:
     not_checked: dict[str, str] = field(default_factory=dict)  # rule id -> why (filled by rules)
 
 
+# A finding's message is part of ``--json``, so it is written here, not in a view; its
+# numbers read as tui.format.pct and tui.format.count have them (a test keeps them equal).
 def _pct(v: float) -> str:
     return f"{100 * v:.1f}%" if 0 < v < 0.1 else f"{100 * v:.0f}%"
 
