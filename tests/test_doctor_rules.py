@@ -62,19 +62,21 @@ class Run:
 
 
 def _storm(steps: int, discarded: tuple[int, ...], prefill: int = 1000) -> Run:
+    """One 1,000-token prefill step, then steps that compute nothing: the engine computed
+    1,000 tokens in all."""
     r = Run()
     r.add("P", prefill, 8)
     r.chunk("P", 0, 0, prefill, prefill, last=True)
     r.step(prefill=prefill)
     for i, d in enumerate(discarded):
         r.preempt(f"V{i}", d, 100, 1)
-        r.step(decode=1, preempted=[f"V{i}"])
-    r.step(decode=1, times=steps - 1 - len(discarded))
+        r.step(preempted=[f"V{i}"])
+    r.step(times=steps - 1 - len(discarded))
     return r
 
 
 def test_storm_by_frequency_boundary():
-    """2 preemptions discarding 2 of 1,000 prefill tokens (0.2 %): 1.0 per 100 steps at
+    """2 preemptions discarding 2 of 1,000 computed tokens (0.2 %): 1.0 per 100 steps at
     200 steps is a storm, 0.995 at 201 is not."""
     f = _storm(200, (1, 1)).findings()["preemption-storm"]
     assert f.severity == WARNING and f.evidence["per_100_steps"] == 1.0 and f.evidence["discarded_share"] == 0.002
@@ -84,7 +86,7 @@ def test_storm_by_frequency_boundary():
 
 
 def test_storm_by_cost_boundary_and_critical():
-    """1,000 steps (0.2 per 100): 50 of 1,000 prefill tokens discarded (5 %) is a storm,
+    """1,000 steps (0.2 per 100): 50 of 1,000 computed tokens discarded (5 %) is a storm,
     49 is not; 500 (50 %) is critical, 499 a warning."""
     assert _storm(1000, (25, 25)).findings()["preemption-storm"].evidence["discarded_share"] == 0.05
     assert "preemption-storm" not in _storm(1000, (25, 24)).findings()
@@ -365,6 +367,7 @@ def test_a_run_with_step_events_off_says_what_it_could_not_check():
         r.preempt(f"V{i}", 100, 100, 1)
         r.n += 1
     found = {f.id: f for f in r.analyze()[2]}
+    # step events off: the computed tokens are the prefill chunks' 1,000
     assert found["preemption-storm"].message.startswith("2 preemptions (2 requests) threw away 200 computed tokens, 20%")
     assert found["preemption-storm"].evidence["per_100_steps"] is None
     checked = found["not-checked"].evidence["rules"]

@@ -33,10 +33,11 @@ STORM_MIN_PREEMPTIONS = 2
 #: ... and either this many preemptions per 100 steps (frequent; measured here: runs with
 #: a KV cache sized for their load preempt 0 times, the demo 0.3 per 100 steps) ...
 STORM_PER_100_STEPS = 1.0
-#: ... or this share of all prefill work (tokens of every chunk) discarded (costly;
+#: ... or this share of the tokens the engine computed (every step's scheduled tokens:
+#: prefill chunks and decodes; a decoding victim loses its output too) discarded (costly;
 #: vLLM's tuning guide: preemption "can adversely affect end-to-end latency").
 STORM_DISCARD_SHARE = 0.05
-#: More than this share of the prefill work thrown away: critical (more wasted than kept).
+#: At least this share of the computed tokens thrown away: critical (as much wasted as kept).
 STORM_CRITICAL_DISCARD_SHARE = 0.5
 #: preemption-thrash: one request preempted at least this many times ...
 THRASH_PREEMPTIONS = 3
@@ -198,7 +199,7 @@ def preemption_storm(ctx: Context) -> list[Finding]:
         if n < STORM_MIN_PREEMPTIONS:
             continue
         per_100 = 100 * n / eng.steps if eng.steps else None  # None: step events are off
-        work = eng.chunk_tokens
+        work = eng.scheduled_tokens or eng.chunk_tokens  # step events off: the prefill chunks
         share = eng.discarded_tokens / work if work else 0.0
         if (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
             continue
@@ -206,12 +207,12 @@ def preemption_storm(ctx: Context) -> list[Finding]:
         first = ep.first_preempt[0] if ep.first_preempt else (busiest[0]["step"] if busiest else None)
         rate = (f"in {_n(eng.steps)} steps ({per_100:.1f} per 100 steps, {_n(eng.requests_preempted)} requests)"
                 if per_100 is not None else f"({_n(eng.requests_preempted)} requests)")
-        msg = (f"{_n(n)} preemptions {rate}" + (f" threw away {_n(eng.discarded_tokens)} computed tokens, {_pct(share)} of all prefill work"
+        msg = (f"{_n(n)} preemptions {rate}" + (f" threw away {_n(eng.discarded_tokens)} computed tokens, {_pct(share)} of the tokens the engine computed"
                                if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
         out.append(Finding(
             "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
             {**_engine_ev(ctx, eng), "preemptions": n, "requests": eng.requests_preempted,
-             "per_100_steps": round(per_100, 2) if per_100 is not None else None, "discarded_tokens": eng.discarded_tokens, "prefill_tokens": work,
+             "per_100_steps": round(per_100, 2) if per_100 is not None else None, "discarded_tokens": eng.discarded_tokens, "computed_tokens": work,
              "discarded_share": round(share, 4), "first_step": first, "busiest_steps": busiest,
              "peak_kv_demand_blocks": ep.peak_demand_blocks or None, "peak_running": ep.peak_running or None,
              "usable_kv_blocks": (eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None},
