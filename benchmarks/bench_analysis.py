@@ -12,7 +12,9 @@ order); most are ``step`` events, as in a real decode-heavy run.
 
 Each measurement runs in a fresh child process, which reports wall time (events read
 per second) and peak resident memory (``ru_maxrss``). Targets (issue 4): export and
-summary each >= 300,000 events/s; export's peak memory independent of the run's length.
+summary each >= 300,000 events/s; export's peak memory independent of the run's length;
+(part 8) ``doctor`` and the ``summary`` command with its notable moments
+(``summary+moments``: the doctor's episodes follow the same state) too.
 ``--write-doc`` records the figures in ``docs/performance.md`` (section "Export and
 summary").
 """
@@ -39,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
 SECTION = "## Export and summary"
 TARGET = 300_000
+#: The commands held to TARGET (issue 4: export and summary; part 8: doctor, which shares summary's state).
+TARGETED = ("export", "summary", "summary+moments", "doctor")
 
 
 # -- generating a run ----------------------------------------------------------------------
@@ -173,6 +177,7 @@ from pathlib import Path
 from vllm_probe.runs.reader import ReadStats
 what, run_dir, out = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 import vllm_probe.exporters.jsonl, vllm_probe.analysis.summary, vllm_probe.exporters.perfetto  # imports before the baseline
+import vllm_probe.analysis.doctor
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 stats = ReadStats()
 t, c = time.perf_counter(), time.process_time()
@@ -182,6 +187,10 @@ elif what == "export-gz":
     vllm_probe.exporters.jsonl.export_jsonl(run_dir, out + ".gz", stats=stats)
 elif what == "summary":
     vllm_probe.analysis.summary.summarize(run_dir, stats)
+elif what == "summary+moments":  # the summary command: the doctor's episodes follow the state
+    vllm_probe.analysis.summary.analyze_story(run_dir, stats)
+elif what == "doctor":
+    vllm_probe.analysis.doctor.examine(run_dir, stats=stats)
 elif what == "perfetto":
     vllm_probe.exporters.perfetto.export_perfetto(run_dir, out, stats=stats)
 elif what in ("read", "read+state"):  # summary's parts, for the breakdown
@@ -211,7 +220,7 @@ def measure(what: str, run_dir: Path, out: Path) -> dict:
 
 
 def _mark(name: str, rate: float) -> str:
-    if name.startswith(("export-gz", "perfetto")):
+    if name not in TARGETED:
         return ""
     return " ✓" if rate >= TARGET else " ✗"
 
@@ -257,10 +266,10 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(f.stat().st_size for f in run.glob("events-*.jsonl"))
             print(f"run of {n:,} events ({size / 2**20:.0f} MiB, 2 engine cores)"
                   + (f" generated in {time.perf_counter() - t:.1f} s" if total else ""), flush=True)
-            kinds = ["export", "summary", "export-gz"] + (["perfetto"] if args.perfetto else [])
+            kinds = ["export", "summary", "summary+moments", "doctor", "export-gz"] + (["perfetto"] if args.perfetto else [])
             for what in kinds:
                 best = None
-                for _ in range(args.repeat if what in ("export", "summary") else 1):
+                for _ in range(args.repeat if what in TARGETED else 1):
                     r = measure(what, run, base / "out.jsonl")
                     if best is None or r["cpu_rate"] > best["cpu_rate"]:
                         best = r
@@ -279,12 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         for f in base.glob("out.jsonl*"):
             f.unlink()
 
-    ok_wall = all(results[(w, n)]["rate"] >= TARGET for w in ("export", "summary") for n in (args.small, args.events))
-    ok_cpu = all(results[(w, n)]["cpu_rate"] >= TARGET for w in ("export", "summary") for n in (args.small, args.events))
+    ok_wall = all(results[(w, n)]["rate"] >= TARGET for w in TARGETED for n in (args.small, args.events))
+    ok_cpu = all(results[(w, n)]["cpu_rate"] >= TARGET for w in TARGETED for n in (args.small, args.events))
     small, large = results[("export", args.small)], results[("export", args.events)]
     growth = (large["peak_kib"] - small["peak_kib"]) / 1024
     verdict = [
-        f"Throughput target ({TARGET:,} events/s for export and summary): "
+        f"Throughput target ({TARGET:,} events/s for {', '.join(TARGETED)}): "
         f"{'met' if ok_wall else 'NOT met'} in wall-clock time, {'met' if ok_cpu else 'NOT met'} per CPU second.",
         f"Export peak memory: {small['peak_kib'] / 1024:.0f} MiB at {small['events']:,} events, "
         f"{large['peak_kib'] / 1024:.0f} MiB at {large['events']:,} events "

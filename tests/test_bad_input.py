@@ -57,7 +57,8 @@ def test_bad_lines_are_counted_and_leave_the_figures_alone(runs):
 
 
 @pytest.mark.parametrize("meta", list(METAS))
-@pytest.mark.parametrize("command", ["summary", "summary-json", "compare", "export", "perfetto", "tail"])
+@pytest.mark.parametrize("command", ["summary", "summary-json", "compare", "export", "perfetto", "tail", "doctor",
+                                     "doctor-json"])
 def test_every_reading_command_survives(runs, meta, command, tmp_path):
     clean, bad = runs
     run = str(bad[meta])
@@ -68,6 +69,8 @@ def test_every_reading_command_survives(runs, meta, command, tmp_path):
         "export": ["export", run, "-o", str(tmp_path / "out.jsonl")],
         "perfetto": ["export", run, "--format", "perfetto", "-o", str(tmp_path / "trace.json")],
         "tail": ["tail", "--plain", "--no-follow", run],
+        "doctor": ["doctor", run],
+        "doctor-json": ["doctor", run, "--json"],
     }[command]
     r = run_cli(*args, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -83,3 +86,6 @@ def test_every_reading_command_survives(runs, meta, command, tmp_path):
         assert len(lines) == summarize(clean).read["events"]
     if command == "tail":
         assert sum(" step " in line for line in r.stdout.splitlines()) == 7
+    if command == "doctor-json":  # the clean stream's findings, whatever the bad lines
+        clean_run = json.loads(run_cli("doctor", str(clean), "--json").stdout)
+        assert json.loads(r.stdout)["findings"] == clean_run["findings"]

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from tests._events import as_dict
-from tests.conftest import QUICK_WORKLOAD, SERVER_MAX_TOKENS, SERVER_REQUESTS, requires_vllm
+from tests.conftest import SERVER_MAX_TOKENS, SERVER_REQUESTS, requires_vllm
 from vllm_probe.runs.reader import ReadStats, iter_file, iter_run
 from vllm_probe.runs.rundir import event_files
 

@@ -11,7 +11,6 @@ import tracemalloc
 
 import pytest
 
-import vllm_probe.runs.reader as reader
 from tests._events import Stream, scenario_chunked, scenario_preempt
 from tests.conftest import ROOT
 from vllm_probe.exporters.jsonl import ExportError, Filters, export_jsonl

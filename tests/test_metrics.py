@@ -218,11 +218,11 @@ def test_model_name_labels_every_engine_series_when_known():
 # -- the seams for part 8: head_blocked_by and the doctor's findings ------------------------
 
 
-def test_head_blocked_steps_are_exported_once_the_state_counts_them():
+def test_head_blocked_counts_are_exported_once_the_state_counts_them():
     state = RunState().apply_all(scenario_preempt().events)
     plain = Series(scrape_text(RunStateCollector(state)))
     assert not {n for n in plain.names() if "head_blocked" in n}  # absent until part 8 feeds it
-    state.engines[0].head_blocked_steps.update({"kv_cache": 3, "max_num_seqs": 1})
+    state.engines[0].head_blocked_counts.update({"kv_cache": 3, "max_num_seqs": 1})
     m = Series(scrape_text(RunStateCollector(state)))
     assert m("vllm_probe_steps_by_head_blocked_total", engine="0", reason="kv_cache") == 3
     assert m("vllm_probe_steps_by_head_blocked_total", engine="0", reason="max_num_seqs") == 1
@@ -251,7 +251,7 @@ def test_findings_are_one_series_each_while_they_hold():
 
 def test_every_metric_is_documented_and_every_documented_metric_exists():
     state = RunState().apply_all(scenario_preempt().events)
-    state.engines[0].head_blocked_steps["kv_cache"] = 1
+    state.engines[0].head_blocked_counts["kv_cache"] = 1
     m = Series(scrape_text(RunStateCollector(state, stats=ReadStats(), incomplete_lines=lambda: 0,
                                              findings=lambda _s: [SimpleNamespace(id="x", severity="info")])))
     exposed = {name + "_total" if kind == "counter" else name + "_info" if kind == "info" else name

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from tests._events import Stream, scenario_preempt
-from tests.conftest import QUICK_WORKLOAD, ROOT, requires_vllm, run_cli
+from tests.conftest import QUICK_WORKLOAD, requires_vllm, run_cli
 from vllm_probe.analysis.expected import DIFFERS, MATCHES, NOT_RECORDED
 from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.summary import default_boundaries, summarize, summarize_events

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 #: Names of the limits :func:`bound_by` can return, in tie-break order.
 LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
@@ -26,6 +26,20 @@ def budget_use(scheduled: int, budget: int | None) -> float | None:
     """Share of a step's token budget it scheduled (0..1): ``scheduled_tokens /
     token_budget`` of a ``step`` event; None when the budget is unknown or 0."""
     return scheduled / budget if budget else None
+
+
+def budget_use_counts(step_tokens: Iterable[Mapping[tuple[int, int], int]]) -> dict[float, int]:
+    """Histogram ``{budget use 0..1: steps}`` of the state's exact histograms of
+    ``(scheduled_tokens, token_budget) -> steps`` (one per engine core; steps with an
+    unknown or zero budget left out). Its :meth:`Distribution.of_counts` is the run's
+    budget use."""
+    use: dict[float, int] = {}
+    for hist in step_tokens:
+        for (sched, budget), n in hist.items():
+            share = budget_use(sched, budget)
+            if share is not None:
+                use[share] = use.get(share, 0) + n
+    return use
 
 
 def unused_budget(scheduled: int, budget: int | None) -> int:

@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..schema.events import HEAD_BLOCKED_REASONS
 from ..schema.records import STRUCTS, from_dict
 from .figures import (
     LATENCY_S_BOUNDS, LIMITS, PREEMPT_REASONS, SCHEDULE_S_BOUNDS, Buckets, budget_use, bound_by,
@@ -62,6 +63,13 @@ class StepRecord:
     schedule_us: float
     preempted: int
     bound: str
+    head_blocked: str | None = None  # step.head_blocked_by (None: nothing waited, or not recorded)
+
+
+#: What a ``head_blocked_by`` value a newer probe may write (not one of
+#: :data:`~vllm_probe.schema.events.HEAD_BLOCKED_REASONS`) is counted as.
+OTHER_REASON = "other"
+_KNOWN_REASONS = frozenset(HEAD_BLOCKED_REASONS)
 
 
 @dataclass
@@ -98,7 +106,7 @@ class WindowStats:
         return 100.0 * self.preemptions / self.steps if self.steps else None
 
 
-@dataclass
+@dataclass(slots=True)
 class EngineState:
     """One engine core (data-parallel rank): the latest records, run totals (tokens,
     requests, events), a rolling window of steps and the requests in flight."""
@@ -171,11 +179,12 @@ class EngineState:
     queue_s: Buckets = field(default_factory=lambda: Buckets(LATENCY_S_BOUNDS))
     ttft_s: Buckets = field(default_factory=lambda: Buckets(LATENCY_S_BOUNDS))
     bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
-    #: steps by their ``head_blocked_by`` reason (part 8, "why the head of the waiting
-    #: queue was not admitted"). Empty until step events carry that field and ``_step``
-    #: counts it; the metrics export it as ``vllm_probe_steps_by_head_blocked_total`` as
-    #: soon as it holds a count (exporters/prometheus.py).
-    head_blocked_steps: dict[str, int] = field(default_factory=dict)
+    #: steps per ``step.head_blocked_by`` reason (why the head of the waiting queue was not
+    #: admitted; :data:`~vllm_probe.schema.events.HEAD_BLOCKED_REASONS`, an unknown value as
+    #: :data:`OTHER_REASON`); steps without the field (nothing waited, or an older probe)
+    #: are not counted. Read by the summary's shares and the metrics
+    #: (``vllm_probe_steps_by_head_blocked_total``).
+    head_blocked_counts: dict[str, int] = field(default_factory=dict)
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
     probe_stats: dict[Any, Any] = field(default_factory=dict)
@@ -477,13 +486,19 @@ class RunState:
             hist[n_preempted] = hist.get(n_preempted, 0) + 1
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
+        blocked = ev.head_blocked_by
+        if blocked is not None:
+            if blocked not in _KNOWN_REASONS:
+                blocked = OTHER_REASON
+            counts = eng.head_blocked_counts
+            counts[blocked] = counts.get(blocked, 0) + 1
         kv = ev.kv_usage or 0.0
         eng.timeline.add(step, ts, scheduled, budget or 0, prefill or 0, decode or 0, running, waiting, kv,
-                         n_preempted, bound)
+                         n_preempted, bound, blocked)
         if self.step_window:
             eng.window.append(StepRecord(
                 step, ts, scheduled, budget or 0, prefill, decode, running, waiting, kv, schedule_us,
-                n_preempted, bound,
+                n_preempted, bound, blocked,
             ))
         key = (scheduled, budget or 0)
         hist = eng.step_tokens

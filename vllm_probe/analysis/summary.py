@@ -71,6 +71,10 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
 * **bound by**: share of steps per limit of :func:`vllm_probe.analysis.figures.bound_by`
   (``token_budget``, ``max_num_seqs``, ``kv_cache``, ``none``); ``bound_most`` is the
   most frequent one.
+* **head blocked by**: share of the steps that carried ``step.head_blocked_by`` (requests
+  waited after the step; the probe recorded why the first of them was not admitted) per
+  reason; ``head_blocked_steps`` is how many steps carried it (0: nothing ever waited, or
+  the run was recorded by a probe without the field).
 * Quantiles (median, p90) interpolate linearly between order statistics (numpy's default
   "linear" method): the median of 1, 2, 3, 4 is 2.5.
 """
@@ -88,8 +92,8 @@ from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import NoEventsError, event_files, never_started_note, read_meta
 from ..schema.records import from_dict
 from .expected import check_expected, check_model, check_sampling
-from .figures import LIMITS, Distribution, budget_use, prefill_share, share
-from .state import RequestState, RunState
+from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
+from .state import RequestState, RunState, StateListener
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -257,6 +261,11 @@ class Summary:
     expected: dict[str, Any] | None = None
     bound_by: dict[str, float] = field(default_factory=dict)  # limit -> share of steps
     bound_most: str | None = None
+    head_blocked_by: dict[str, float] = field(default_factory=dict)  # reason -> share of head_blocked_steps
+    head_blocked_steps: int = 0  # steps with requests waiting and step.head_blocked_by recorded
+    #: a finished run's notable moments (:func:`vllm_probe.analysis.episodes.notable_moments`,
+    #: as dicts): filled by :func:`analyze_story`, empty otherwise
+    moments: list[dict[str, Any]] = field(default_factory=list)
     probe_dropped_events: int = 0  # events the probe lost (state.EngineState.events_dropped)
     probe_hook_errors: int = 0  # exceptions caught in the probe's hooks (last probe_stats per file)
     probe_hooks_disabled: list[str] = field(default_factory=list)
@@ -299,20 +308,26 @@ class _Finished:
                 self.worst = key
 
 
-def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
-                     meta: dict | None = None, boundaries: Iterable[int] | None = None) -> Summary:
-    """Summarize an iterable of events: each engine core's events in file order (engine
-    cores may follow one another or interleave, as ``iter_run`` yields them). Events are
-    records of :mod:`vllm_probe.schema.records` or dicts (converted; skipped when a field
-    has the wrong type). ``boundaries``: prompt-length class boundaries in tokens (None:
-    :func:`default_boundaries` of the run's token budget).
+def analyze_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
+                   meta: dict | None = None, listener: StateListener | None = None,
+                   with_summary: bool = True, boundaries: Iterable[int] | None = None,
+                   ) -> tuple[RunState, Summary | None]:
+    """The state of a run and its :class:`Summary`, from an iterable of events: each
+    engine core's events in file order (engine cores may follow one another or
+    interleave, as ``iter_run`` yields them). Events are records of
+    :mod:`vllm_probe.schema.records` or dicts (converted; skipped when a field has the
+    wrong type). ``listener`` follows every transition (the doctor's
+    :class:`~vllm_probe.analysis.episodes.Episodes`). ``with_summary=False``: the state
+    only (no per-request latency records), and None for the summary. ``boundaries``:
+    prompt-length class boundaries in tokens (None: :func:`default_boundaries` of the
+    run's token budget).
 
     Python's cyclic garbage collector is paused meanwhile: the loop allocates an object
     per event and creates no reference cycles, and the collector's passes over the
     growing request records cost about a tenth of the time.
     """
-    finished = _Finished()
-    state = RunState(step_window=0, on_request_finished=finished)  # no rolling chart here
+    finished = _Finished() if with_summary else None
+    state = RunState(step_window=0, on_request_finished=finished, listener=listener)  # no rolling chart here
     apply = state.apply
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -326,13 +341,26 @@ def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: 
     finally:
         if gc_was_enabled:
             gc.enable()
-    return _build(state, finished, stats or ReadStats(), run_dir, meta or {},
-                  None if boundaries is None else sorted(set(boundaries)))
+    if finished is None:
+        return state, None
+    return state, _build(state, finished, stats or ReadStats(), run_dir, meta or {},
+                         None if boundaries is None else sorted(set(boundaries)))
 
 
-def summarize(run_dir: str | Path, stats: ReadStats | None = None, boundaries: Iterable[int] | None = None) -> Summary:
-    """Summarize the run in ``run_dir`` (all its engine cores' files); ``boundaries`` as
-    in :func:`summarize_events`.
+def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
+                     meta: dict | None = None, boundaries: Iterable[int] | None = None) -> Summary:
+    """The :class:`Summary` of an iterable of events (see :func:`analyze_events`)."""
+    summary = analyze_events(events, stats, run_dir, meta, boundaries=boundaries)[1]
+    assert summary is not None
+    return summary
+
+
+def analyze(run_dir: str | Path, stats: ReadStats | None = None, listener: StateListener | None = None,
+            with_summary: bool = True, boundaries: Iterable[int] | None = None,
+            ) -> tuple[RunState, Summary | None]:
+    """The state and the :class:`Summary` of the run in ``run_dir`` (all its engine
+    cores' files); ``listener``, ``with_summary`` and ``boundaries`` as in
+    :func:`analyze_events`.
 
     Raises:
         NoEventsError: no event file, or no readable event in them.
@@ -344,9 +372,35 @@ def summarize(run_dir: str | Path, stats: ReadStats | None = None, boundaries: I
     # RunState keeps each engine core apart, so the files need no time-ordered merge
     # (heapq.merge costs about a tenth of summary's time on a two-engine run).
     events = itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir))
-    summary = summarize_events(events, stats, str(run_dir), read_meta(run_dir), boundaries)
+    result = analyze_events(events, stats, str(run_dir), read_meta(run_dir), listener, with_summary, boundaries)
     if stats.events == 0:
         raise NoEventsError(f"no readable events in {run_dir} ({stats.describe()})")
+    return result
+
+
+def analyze_story(run_dir: str | Path, stats: ReadStats | None = None,
+                  boundaries: Iterable[int] | None = None) -> tuple[RunState, Summary]:
+    """:func:`analyze` with the doctor's episodes following the state, and the summary's
+    ``moments`` filled (``vllm-probe summary``: the whole-run overview is drawn from the
+    state's timelines). Raises like :func:`analyze`."""
+    from .episodes import Episodes, notable_moments
+
+    episodes = Episodes()
+    state, summary = analyze(run_dir, stats, listener=episodes, boundaries=boundaries)
+    assert summary is not None
+    summary.moments = [asdict(m) for m in notable_moments(state, episodes)]
+    return state, summary
+
+
+def summarize(run_dir: str | Path, stats: ReadStats | None = None, boundaries: Iterable[int] | None = None) -> Summary:
+    """Summarize the run in ``run_dir`` (all its engine cores' files); ``boundaries`` as in
+    :func:`analyze_events`.
+
+    Raises:
+        NoEventsError: no event file, or no readable event in them.
+    """
+    summary = analyze(run_dir, stats, boundaries=boundaries)[1]
+    assert summary is not None
     return summary
 
 
@@ -383,15 +437,11 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
 
     # steps: tokens and budget use
     tokens: dict[float, int] = {}
-    use: dict[float, int] = {}
     for eng in engines.values():
-        for (sched, budget), n in eng.step_tokens.items():
+        for (sched, _), n in eng.step_tokens.items():
             tokens[sched] = tokens.get(sched, 0) + n
-            use_share = budget_use(sched, budget)
-            if use_share is not None:
-                use[use_share] = use.get(use_share, 0) + n
     s.tokens_per_step = Distribution.of_counts(tokens)
-    s.budget_use = Distribution.of_counts(use)
+    s.budget_use = Distribution.of_counts(budget_use_counts(e.step_tokens for e in engines.values()))
     s.scheduled_tokens = int(state.total("scheduled_tokens"))
     s.prefill_tokens = int(state.total("prefill_tokens"))
     s.decode_tokens = int(state.total("decode_tokens"))
@@ -480,6 +530,15 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     if total:
         s.bound_by = {k: n / total for k, n in counts.items()}
         s.bound_most = max(counts, key=lambda k: (counts[k], -LIMITS.index(k) if k in LIMITS else 0))
+
+    # why the head of the waiting queue was not admitted
+    blocked: dict[str, int] = {}
+    for eng in engines.values():
+        for k, n in eng.head_blocked_counts.items():
+            blocked[k] = blocked.get(k, 0) + n
+    s.head_blocked_steps = sum(blocked.values())
+    if s.head_blocked_steps:
+        s.head_blocked_by = {k: n / s.head_blocked_steps for k, n in sorted(blocked.items(), key=lambda kv: -kv[1])}
 
     s.probe_dropped_events = sum(eng.events_dropped for eng in engines.values())
     s.probe_hooks_disabled = sorted({h for eng in engines.values() for h in eng.hooks_disabled})

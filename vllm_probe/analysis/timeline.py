@@ -6,15 +6,114 @@ ranges the doctor's findings cite as evidence. :class:`Timeline` keeps at most
 ``max_spans`` spans, each aggregating a run of consecutive steps; when it is full,
 neighbouring spans merge and the width doubles. Memory is O(``max_spans``) however long
 the run; each step costs O(1) (amortised: a merge touches every span once per doubling).
+
+Beside the spans it keeps, exactly, the runs of consecutive steps that a finished run's
+notable moments and the doctor's findings cite: **stalls** (steps that scheduled nothing
+while requests waited) and **prefill blocks** (steps whose full token budget went to
+prefill while requests waited), the longest :data:`TOP_RUNS` of each.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 #: Spans kept per engine core (a finished run's chart has at most this many columns).
 MAX_SPANS = 512
+#: Longest stalls and prefill blocks kept per engine core (reports show fewer).
+TOP_RUNS = 8
+#: A step's budget counts as full from this share of it (tokens scheduled / token budget).
+#: Measured here: vLLM leaves the last few tokens of a budget unused when no chunk fits
+#: them; full steps of the CPU engine scheduled 99.6-100 % of it.
+FULL_BUDGET_SHARE = 0.95
+#: A full step is a prefill step when prefill tokens are at least this share of it.
+PREFILL_STEP_SHARE = 0.9
+
+
+@dataclass(slots=True)
+class StepRun:
+    """Consecutive steps of one engine core sharing a condition (a stall, a prefill block).
+
+    ``first_step``/``last_step``: inclusive; ``waiting_max``: the longest waiting queue
+    seen in them (requests); ``reasons``: steps per ``head_blocked_by`` reason (stalls);
+    ``head``/``head_prompt_len``: the request most likely at the head of the waiting
+    queue when the run began (set by :class:`~vllm_probe.analysis.episodes.Episodes`,
+    which knows the requests; None when unknown).
+    """
+
+    first_step: int
+    last_step: int
+    steps: int = 1
+    waiting_max: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    head: str | None = None
+    head_prompt_len: int | None = None
+
+
+class Ranked:
+    """The ``k`` largest items by key (ties: the earlier offered stays), with a heap."""
+
+    def __init__(self, k: int = TOP_RUNS) -> None:
+        self.k = k
+        self._heap: list[tuple[Any, int, Any]] = []
+        self._n = 0
+
+    def offer(self, key: Any, item: Any) -> None:
+        self._n += 1
+        entry = (key, -self._n, item)
+        if len(self._heap) < self.k:
+            heapq.heappush(self._heap, entry)
+        elif entry > self._heap[0]:
+            heapq.heapreplace(self._heap, entry)
+
+    def would_enter(self, key: Any) -> bool:
+        return len(self._heap) < self.k or key > self._heap[0][0]
+
+    def items(self) -> list[Any]:
+        """Largest first."""
+        return [item for _, _, item in sorted(self._heap, reverse=True)]
+
+
+class StepRuns:
+    """The longest runs of one kind (:class:`Ranked` by length, earliest first on ties),
+    the one still open at the last step, the first one, and the steps in all of them."""
+
+    def __init__(self) -> None:
+        self.kept = Ranked()
+        self.open: StepRun | None = None
+        self.first: StepRun | None = None
+        self.steps = 0
+
+    def extend(self, step: int, waiting: int) -> StepRun:
+        """``step`` belongs to a run: continue the open one, or start one."""
+        run = self.open
+        self.steps += 1
+        if run is not None and run.last_step == step - 1:
+            run.last_step = step
+            run.steps += 1
+            if waiting > run.waiting_max:
+                run.waiting_max = waiting
+            return run
+        if run is not None:
+            self.kept.offer((run.steps, -run.first_step), run)
+        run = self.open = StepRun(step, step, 1, waiting)
+        if self.first is None:
+            self.first = run
+        return run
+
+    def close(self) -> None:
+        run = self.open
+        if run is not None:
+            self.kept.offer((run.steps, -run.first_step), run)
+            self.open = None
+
+    def all(self) -> list[StepRun]:
+        """The kept runs and the open one, longest first (then earliest)."""
+        runs = self.kept.items()
+        if self.open is not None:
+            runs.append(self.open)
+        return sorted(runs, key=lambda r: (-r.steps, r.first_step))
 
 
 @dataclass(slots=True)
@@ -40,6 +139,8 @@ class Span:
     preemptions: int = 0  # requests preempted in the span's steps
     idle_waiting: int = 0  # steps that scheduled 0 tokens while requests waited
     bound: dict[str, int] = field(default_factory=dict)  # steps by the limit that held them back
+    #: steps by ``step.head_blocked_by`` (why the head of the waiting queue was not admitted)
+    head_blocked: dict[str, int] = field(default_factory=dict)
 
     @property
     def running_mean(self) -> float:
@@ -71,6 +172,8 @@ class Span:
         self.idle_waiting += other.idle_waiting
         for k, n in other.bound.items():
             self.bound[k] = self.bound.get(k, 0) + n
+        for k, n in other.head_blocked.items():
+            self.head_blocked[k] = self.head_blocked.get(k, 0) + n
 
 
 class Timeline:
@@ -84,11 +187,16 @@ class Timeline:
         self.max_spans = max(max_spans, 2)
         self.width = 1  # steps per span
         self.spans: list[Span] = []
+        #: steps that scheduled nothing while requests waited
+        self.stalls = StepRuns()
+        #: steps whose full budget went to prefill while requests waited
+        self.prefill_blocks = StepRuns()
 
     def add(self, step: int, ts: float, scheduled: int, budget: int, prefill: int, decode: int, running: int,
-            waiting: int, kv_usage: float, preempted: int, bound: str) -> None:
-        """One step (the fields of its ``step`` event, ``preempted`` as a count, and its
-        binding limit, :func:`vllm_probe.analysis.figures.bound_by`)."""
+            waiting: int, kv_usage: float, preempted: int, bound: str, head_blocked: str | None = None) -> None:
+        """One step (the fields of its ``step`` event, ``preempted`` as a count, its
+        binding limit, :func:`vllm_probe.analysis.figures.bound_by`, and its
+        ``head_blocked_by``, None when absent)."""
         spans = self.spans
         span = spans[-1] if spans else None
         if span is None or span.steps >= self.width:
@@ -116,6 +224,27 @@ class Timeline:
         if waiting and not scheduled:
             span.idle_waiting += 1
         span.bound[bound] = span.bound.get(bound, 0) + 1
+        if head_blocked is not None:
+            span.head_blocked[head_blocked] = span.head_blocked.get(head_blocked, 0) + 1
+        if waiting:
+            if not scheduled:
+                run = self.stalls.extend(step, waiting)
+                if head_blocked is not None:
+                    run.reasons[head_blocked] = run.reasons.get(head_blocked, 0) + 1
+                if self.prefill_blocks.open is not None:
+                    self.prefill_blocks.close()
+                return
+            if self.stalls.open is not None:
+                self.stalls.close()
+            if budget and scheduled >= FULL_BUDGET_SHARE * budget and prefill >= PREFILL_STEP_SHARE * scheduled:
+                self.prefill_blocks.extend(step, waiting)
+            elif self.prefill_blocks.open is not None:
+                self.prefill_blocks.close()
+        else:
+            if self.stalls.open is not None:
+                self.stalls.close()
+            if self.prefill_blocks.open is not None:
+                self.prefill_blocks.close()
 
     def _halve(self) -> None:
         """Merge neighbouring spans: half as many, twice as wide."""

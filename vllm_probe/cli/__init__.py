@@ -13,11 +13,12 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe compare RUN_DIR RUN_DIR [...]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
     vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
+    vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
 (e.g. no events), 2 bad usage or input (bad settings, missing run directory),
-126/127 command not executable / not found.
+3 ``doctor`` found something critical, 126/127 command not executable / not found.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
     "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
     "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
+    "doctor": ("vllm_probe.cli.doctor", "what went wrong in a run, the evidence, and what to change"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 

@@ -1,9 +1,11 @@
-"""``vllm-probe tail [RUN_DIR] [--plain] [--replay [SPEED]]``: watch a run.
+"""``vllm-probe tail [RUN_DIR] [--plain] [--replay [SPEED] [--from-step N]]``: watch a run.
 
 Follows a run directory live (the newest under ``./vllm-probe-runs/`` by default),
 including event files that appear later (more engine cores, data-parallel ranks), and
 shows the dashboard, or with ``--plain`` one text line per step and per preemption.
-On a finished run it shows the final state; ``--replay`` plays it back.
+On a finished run it shows the final state (the whole-run overview, the notable
+moments and the doctor's findings); ``--replay`` plays it back, ``--from-step N`` from
+the step a finding or a moment names.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one text line per step and per preemption, for pipes and logs")
     p.add_argument("--replay", nargs="?", const=1.0, type=_positive(float), metavar="SPEED",
                    help="play the run back at SPEED times its pace (default 1)")
+    p.add_argument("--from-step", type=int, metavar="N",
+                   help="with --replay: jump to step N at once and play from there")
     p.add_argument("--refresh", type=_positive(float), default=4.0, metavar="HZ",
                    help="dashboard redraws per second (default 4)")
     p.add_argument("--window", type=_positive(int), metavar="STEPS",
@@ -48,10 +52,12 @@ def main(args: argparse.Namespace) -> int:
 
     if args.engine is not None and args.engine < 0:
         raise CliError(f"--engine must be >= 0, got {args.engine}")
+    if args.from_step is not None and (args.replay is None or args.from_step < 0):
+        raise CliError("--from-step N needs --replay and N >= 0 (e.g. tail RUN_DIR --replay --from-step 120)")
     kw = dict(plain=args.plain, refresh_hz=args.refresh, engine=args.engine, chart_steps=args.window)
     try:
         if args.replay is not None:
-            return watch.replay(run_dir, args.replay, **kw)
+            return watch.replay(run_dir, args.replay, from_step=args.from_step, **kw)
         return watch.follow(run_dir, keep_following=args.follow, **kw)
     except BrokenPipeError:  # `vllm-probe tail --plain | head`: the reader went away
         silence_stdout()

@@ -41,36 +41,74 @@ DIFFERENCES: tuple[Difference, ...] = (
                "MIN_SUPPORTED = 0.12: older releases are refused (the plugin warns once and "
                "patches nothing)",
                "_preempt_request(request, timestamp)"),
+    Difference((0, 12), "Admission (head_blocked_by): a step that preempted admits nobody "
+               "(`if not preempted_reqs` before the waiting loop); the waiting loop stops at "
+               "`len(running) == max_num_running_reqs`; only the head's next chunk must fit "
+               "the free blocks, so a long prompt is admitted chunk by chunk and may later "
+               "preempt itself.",
+               "admission.head_blocked_by: preemption first, then the loop-top stops; "
+               "kv_cache by elimination", "admission: preemption gate, chunk-only fit"),
     Difference((0, 16), "_free_request(request, delay_free_blocks=False) gains a parameter.",
                "wrapper passes *args/**kwargs on", "_free_request(delay_free_blocks)"),
     Difference((0, 17), "Scheduler.max_num_scheduled_tokens may differ from "
                "max_num_batched_tokens (scheduler_config.max_num_scheduled_tokens).",
                "token_budget() and engine_config.max_num_scheduled_tokens read the scheduler's "
                "attribute", "max_num_scheduled_tokens budget"),
-    Difference((0, 24), "schedule(self, throttle_prefills=False); EngineCore passes it positionally.",
-               "wrapper passes *args/**kwargs on", "schedule(throttle_prefills)"),
-    Difference((0, 26), "_free_request returns a tuple (KV and EC transfer params) instead of a dict.",
-               "wrapper returns vLLM's result untouched", "_free_request returns tuple"),
-    Difference((0, 27), "_preempt_request(..., drop_stale_output=False); "
-               "SchedulerOutput.preempted_req_ids accumulates every preemption since the last step.",
-               "wrapper passes the argument on; preempted_req_ids is not read (preemptions "
-               "come from the _preempt_request hook)", "_preempt_request(drop_stale_output)"),
-    Difference((0, 31), "Requests that hold KV blocks while waiting move to kv_holding_waiting.",
-               "queue_lengths_reader() counts them as waiting, as get_request_counts does",
-               "kv_holding_waiting queue"),
-    # Scheduler inputs engine_config records for `vllm-probe whatif` (scheduler_inputs()):
-    # absent before the release that added them, so the field is left out there.
-    Difference((0, 19), "SchedulerConfig.scheduler_reserve_full_isl: admission waits until the "
-               "whole prompt fits in free KV blocks (default on).",
-               "engine_config.scheduler_reserve_full_isl from 0.19", "scheduler_reserve_full_isl"),
+    Difference((0, 17), "PauseState: the waiting phase runs only while UNPAUSED.",
+               "head_blocked_by is `deferred` while paused", "admission: PauseState"),
+    Difference((0, 18), "Requests skipped by the waiting loop (grammar, remote KV) are kept in "
+               "Scheduler.skipped_waiting, visited before `waiting` (FCFS; under the priority "
+               "policy the smaller head of the two), and counted as waiting by "
+               "get_request_counts (up to 0.30).",
+               "queue_lengths_reader() counts them as waiting; the admission profile peeks "
+               "skipped_waiting first", "skipped_waiting queue"),
+    Difference((0, 19), "scheduler_reserve_full_isl (default True): a waiting request is "
+               "admitted only when its whole prompt fits the free KV blocks, not only its "
+               "next chunk (can_fit_full_sequence; from 0.21 allocate_slots(full_sequence_must_fit)).",
+               "head_blocked_by names it kv_cache by elimination; the doctor's remedies count "
+               "whole prompts; engine_config.scheduler_reserve_full_isl records it",
+               "admission: whole prompt must fit"),
+    Difference((0, 24), "schedule(self, throttle_prefills=False); EngineCore passes it positionally. "
+               "With it (data-parallel prefill balancing) new prefills are deferred while a "
+               "running request decodes, unless prefill_capacity_bound (0.24: only requests "
+               "with no computed token).",
+               "wrapper passes *args/**kwargs on and hands the argument to head_blocked_by "
+               "(prefill_limit)", "schedule(throttle_prefills)"),
     Difference((0, 24), "SchedulerConfig.watermark: free-block headroom kept at admission.",
                "engine_config.watermark from 0.24", "watermark"),
+    Difference((0, 25), "Paused streaming-input sessions count in the admission cap "
+               "(len(running) + num_waiting_for_streaming_input).",
+               "the admission profile adds them", "admission: streaming sessions in the cap"),
+    Difference((0, 26), "_free_request returns a tuple (KV and EC transfer params) instead of a dict.",
+               "wrapper returns vLLM's result untouched", "_free_request returns tuple"),
     Difference((0, 26), "Scheduler.hash_block_size: prefix-cache hashes at a granularity of "
                "their own (earlier releases hash at block_size).",
                "engine_config.hash_block_size reads it, else block_size", "hash_block_size"),
+    Difference((0, 27), "_preempt_request(..., drop_stale_output=False); "
+               "SchedulerOutput.preempted_req_ids accumulates every preemption since the last step. "
+               "A request preempted with output still in flight is skipped until it is stale-free.",
+               "wrapper passes the argument on; preempted_req_ids is not read (preemptions "
+               "come from the _preempt_request hook); a stale head is `deferred`",
+               "_preempt_request(drop_stale_output)"),
+    Difference((0, 28), "Spec decode reserves draft slots per request out of max_num_batched_tokens "
+               "(a second, input budget).",
+               "head_blocked_by reads it as token_budget", "admission: input budget"),
+    Difference((0, 31), "Requests that hold KV blocks while waiting move to kv_holding_waiting "
+               "(visited first); the admission cap is max_num_active_reqs; skipped requests "
+               "are kept in deferred_waiting; long_prefill_token_threshold applies only when "
+               "more than one request is eligible.",
+               "queue_lengths_reader() counts them as waiting, as get_request_counts does; the "
+               "admission profile peeks kv_holding_waiting first and reads max_num_active_reqs",
+               "kv_holding_waiting queue"),
     Difference((0, 31), "SchedulerConfig.max_num_active_seqs (admission limit below max_num_seqs) "
                "and long_prefill_token_threshold_adaptive.",
                "engine_config records both from 0.31", "max_num_active_seqs, adaptive threshold"),
+    Difference((0, 32), "PAUSED_NEW still admits from kv_holding_waiting.",
+               "head_blocked_by is `deferred` under PAUSED_NEW only when kv_holding_waiting is empty",
+               "admission: PAUSED_NEW drains KV holders"),
+    Difference((0, 33), "Local prefill cadence (prefill_schedule_interval): new prefills wait "
+               "for their turn while a request decodes, unless prefill_capacity_bound.",
+               "head_blocked_by is prefill_limit", "admission: prefill cadence"),
 )
 
 
@@ -143,11 +181,14 @@ def queue_lengths_reader(sched: Any):
     """Return a function ``sched -> (running, waiting)`` (request counts), chosen once
     per scheduler so the step hook does no ``hasattr`` per step.
 
-    From 0.31 requests that hold KV blocks while they wait are in ``kv_holding_waiting``;
-    they count as waiting, as in vLLM's own ``Scheduler.get_request_counts``.
+    Requests skipped by the waiting loop (0.18-0.30, ``skipped_waiting``) and, from 0.31,
+    those that hold KV blocks while they wait (``kv_holding_waiting``) count as waiting,
+    as in vLLM's own ``Scheduler.get_request_counts``.
     """
     if hasattr(sched, "kv_holding_waiting"):
         return lambda s: (len(s.running), len(s.waiting) + len(s.kv_holding_waiting))
+    if hasattr(sched, "skipped_waiting"):
+        return lambda s: (len(s.running), len(s.waiting) + len(s.skipped_waiting))
     return lambda s: (len(s.running), len(s.waiting))
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from .. import __version__, envvars
 from . import compat
+from .admission import AdmissionProfile, head_blocked_by
 from ..schema.events import CHUNK, ENGINE_CONFIG, PREEMPT, REQUEST_ADDED, REQUEST_FINISHED, STEP
 from ..settings import ProbeFlags
 from .signals import on_stop_signals
@@ -168,7 +169,9 @@ class SchedulerProbe:
     in vLLM), ``engine`` the data-parallel rank.
     Building the probe writes ``engine_config``; it raises whatever reading the
     scheduler's settings raises (the ``__init__`` wrapper counts it and leaves that
-    scheduler unprobed).
+    scheduler unprobed). ``admission`` is the scheduler's
+    :class:`~.admission.AdmissionProfile`, read once here (None: its layout is unknown,
+    and step events carry no ``head_blocked_by``).
     """
 
     def __init__(self, rt: Runtime, sched: Any) -> None:
@@ -186,6 +189,7 @@ class SchedulerProbe:
             rt.sink.engine = self.engine
         self.budget = compat.token_budget(sched)
         self.queue_lengths = compat.queue_lengths_reader(sched)
+        self.admission = AdmissionProfile.of(sched, rt.vllm_version)
         self.step = -1
         self.in_schedule = False
         self.step_preempted: list[str] = []
@@ -211,9 +215,10 @@ class SchedulerProbe:
         self.step_prefill_reqs = self.step_prefill_tokens = self.step_new_reqs = 0
         self.chunks_seen = False
 
-    def end_step(self, sched: Any, out: Any, seconds: float) -> None:
-        """After ``schedule()`` returned ``out`` (a ``SchedulerOutput``) in ``seconds``:
-        the ``step`` event (queue lengths and KV use as the step leaves them)."""
+    def end_step(self, sched: Any, out: Any, seconds: float, throttle_prefills: bool = False) -> None:
+        """After ``schedule(throttle_prefills)`` returned ``out`` (a ``SchedulerOutput``)
+        in ``seconds``: the ``step`` event (queue lengths and KV use as the step leaves
+        them; with requests waiting, why the head was not admitted)."""
         self.in_schedule = False
         if not self.flags.log_schedule_each_step:
             return
@@ -225,6 +230,14 @@ class SchedulerProbe:
         else:  # chunk hook missing or switched off: the split is unknown
             pre_r = pre_t = dec_r = dec_t = None
         running, waiting = self.queue_lengths(sched)
+        blocked = None
+        if waiting and self.admission is not None:
+            try:
+                blocked = head_blocked_by(self.admission, sched, out, self.step_preempted, throttle_prefills)
+            except Exception as e:  # an unknown layout: this field off for this scheduler, the step goes on
+                self.admission = None
+                logger.warning("vllm-probe: head_blocked_by switched off (%s: %s); step events go on",
+                               type(e).__name__, e)
         kvm = sched.kv_cache_manager
         finished = out.finished_req_ids
         self.emit(STEP, self.clock(), self.engine, STEP.pack(
@@ -233,6 +246,7 @@ class SchedulerProbe:
             new_reqs=self.step_new_reqs, running=running, waiting=waiting, kv_usage=kvm.usage,
             free_blocks=kvm.block_pool.get_num_free_blocks(), schedule_us=seconds * 1e6,
             preempted=self.step_preempted, finished=list(finished) if finished else [],
+            head_blocked_by=blocked,
         ))
 
     # -- prefill chunks (called before num_computed_tokens advances) -------------------

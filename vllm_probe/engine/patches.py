@@ -110,8 +110,8 @@ def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
         if "step" in health.disabled:
             probe.in_schedule = False
             return out
-        try:
-            probe.end_step(self, out, seconds)
+        try:  # throttle_prefills (0.24+, passed positionally by EngineCore): head_blocked_by reads it
+            probe.end_step(self, out, seconds, args[0] if args else kwargs.get("throttle_prefills", False))
         except Exception as e:
             health.failed("step", e)
         return out

@@ -187,10 +187,10 @@ class _Families:
         self.counter_by("vllm_probe_steps_by_limit_total", "Steps by the limit that held them back: token_budget, "
                         "max_num_seqs, kv_cache or none (analysis.figures.bound_by of each step).", "limit",
                         lambda e: e.bound_counts)
-        if any(e.head_blocked_steps for e in self.engines):  # part 8: absent until the state counts it
+        if any(e.head_blocked_counts for e in self.engines):  # part 8: absent until the state counts it
             self.counter_by("vllm_probe_steps_by_head_blocked_total", "Steps by why the head of the waiting "
                             "queue was not admitted (step.head_blocked_by).", "reason",
-                            lambda e: e.head_blocked_steps)
+                            lambda e: e.head_blocked_counts)
         self.histogram("vllm_probe_schedule_duration_seconds", "Time inside Scheduler.schedule() per step, "
                        "seconds (step.schedule_us).", lambda e: e.schedule_s)
         # -- preemptions

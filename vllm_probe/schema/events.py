@@ -86,6 +86,10 @@ COMMON_FIELDS: tuple[Field, ...] = (
     Field("schema", "int", "-", f"Schema version of the line (currently {SCHEMA_VERSION})."),
 )
 
+#: Every value of ``step.head_blocked_by``, in the order its documentation lists them
+#: (the engine side decides which, :mod:`vllm_probe.engine.admission`).
+HEAD_BLOCKED_REASONS = ("token_budget", "max_num_seqs", "kv_cache", "preemption", "prefill_limit", "deferred")
+
 _STEP_REF = Field("step", "int", "step", "Index of the scheduler step (0-based, per engine core) in which it happened.")
 
 ENGINE_CONFIG = EventKind(
@@ -150,6 +154,16 @@ STEP = EventKind(
         Field("schedule_us", "float", "µs", "Time spent inside `schedule()`."),
         Field("preempted", "list[string]", "-", "Ids of requests preempted during this step (empty list when none)."),
         Field("finished", "list[string]", "-", "Ids of requests that finished since the previous step."),
+        Field("head_blocked_by", "string", "-",
+              "With requests still waiting: why the first of them was not admitted. `token_budget` "
+              "(budget used up), `max_num_seqs` (running queue full), `kv_cache` (the blocks vLLM "
+              "requires to admit it, its whole prompt from vLLM 0.19, exceed the free blocks), "
+              "`preemption` (the step preempted; vLLM admits nobody in such a step), `prefill_limit` "
+              "(new prefills held back: data-parallel throttle, 0.24+, or prefill cadence, 0.33), "
+              "`deferred` (waiting outside the scheduler: grammar, remote KV, LoRA slot, pause, or "
+              "under async scheduling a slot held one more step by a finished request). Absent when "
+              "nothing waits. `kv_cache` is named by elimination (no prefix-cache lookup); a KV "
+              "connector's hidden skips before 0.18 read as `kv_cache`.", True),
     ),
 )
 

@@ -26,6 +26,10 @@ PHASE_STYLE = {
 #: How each limit of :func:`vllm_probe.analysis.figures.bound_by` reads.
 LIMIT_LABEL = {"token_budget": "token budget", "max_num_seqs": "max_num_seqs",
                "kv_cache": "KV cache", "none": "nothing (queue empty)"}
+#: How each ``step.head_blocked_by`` reason reads (why the head of the waiting queue waits).
+REASON_LABEL = {"token_budget": "token budget", "max_num_seqs": "max_num_seqs", "kv_cache": "KV cache",
+                "preemption": "a preemption in this step", "prefill_limit": "prefill limit",
+                "deferred": "deferred (outside the scheduler)", "other": "other"}
 _EIGHTHS = " ▁▂▃▄▅▆▇█"
 
 

@@ -12,7 +12,8 @@ Panels:
   longest running and waiting queues so far, step rate, time inside ``schedule()``, events read
   and lines skipped;
 * current step — scheduled tokens against the token budget, split into prefill and
-  decode; running and waiting queues; KV-cache use; which limit held the step back
+  decode; running and waiting queues, and why the head of the waiting queue was not
+  admitted (``step.head_blocked_by``); KV-cache use; which limit held the step back
   (one row per engine core when there are several data-parallel ranks);
 * rolling chart of the last steps — prefill and decode tokens per step stacked
   against the token budget (the chart's top), KV-cache use and the waiting queue;
@@ -44,7 +45,8 @@ from ..analysis.state import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, Engi
 from ..runs.reader import ReadStats
 from ..schema.records import EngineConfigEvent, StepEvent
 from .charts import (
-    DECODE_STYLE, KV_STYLE, LIMIT_LABEL, PHASE_STYLE, PREEMPT_STYLE, PREFILL_STYLE, WAITING_STYLE, WARN_STYLE,
+    DECODE_STYLE, KV_STYLE, LIMIT_LABEL, PHASE_STYLE, PREEMPT_STYLE, PREFILL_STYLE, REASON_LABEL, WAITING_STYLE,
+    WARN_STYLE,
     bucket_steps, budget_bar, line, sep, spark, token_chart,
 )
 from .format import UNKNOWN, count, duration, kv_capacity, micros, pct
@@ -79,6 +81,10 @@ class View:
         engine: show only this data-parallel rank (None: all).
         chart_steps: steps shown by the rolling chart (None: one step per column; more
             than the chart's columns: several steps per column, averaged).
+        findings: the doctor's findings on the state so far (None: no findings panel).
+        moments: a finished run's notable moments (shown when ``finished``).
+        finished: the run is over: the whole-run overview replaces the rolling chart and
+            the notable moments the prefills in flight.
     """
 
     status: str = ""
@@ -89,6 +95,9 @@ class View:
     notice: str | None = None
     engine: int | None = None
     chart_steps: int | None = None
+    findings: Sequence[Any] | None = None
+    moments: Sequence[Any] = ()
+    finished: bool = False
 
 
 def _table(columns: Sequence[tuple[str, str, str]], rows: Sequence[Sequence[Any]], max_width: int,
@@ -246,6 +255,8 @@ def current_panel(eng: EngineState, width: int) -> tuple[Panel, int]:
     kv_row.add_row(kv_bar, line(
         ("KV cache ", KV_STYLE), (pct(kv), "bold"), sep(),
         f"{count(free)} free blocks" + (f" = {count(free * bs)} tok" if free is not None and bs else ""), sep(),
+        *((("head waits on ", "dim"), (REASON_LABEL.get(ev.head_blocked_by, "other"), WAITING_STYLE), sep())
+          if ev.head_blocked_by else ()),
         ("held back by ", "dim"), (LIMIT_LABEL.get(bound, UNKNOWN) if bound else UNKNOWN, "bold"),
         ("  (" + _limit_shares(ws) + ")" if ws.steps else "", "dim")))
     title = Text.assemble(("step ", ""), (count(ev.step), "bold"),

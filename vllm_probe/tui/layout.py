@@ -2,9 +2,12 @@
 :mod:`vllm_probe.tui.dashboard` fit, and how many rows each gets.
 
 Panels in priority order when the terminal is short: header, current step, rolling
-chart, preemptions, prefills in flight, requests (and the command's output while no
-event has arrived). From :data:`WIDE_WIDTH` columns the middle has two columns:
-[current step + chart] | [preemptions + prefills in flight]. Below
+chart, preemptions, prefills in flight, findings, requests (and the command's output
+while no event has arrived). From :data:`WIDE_WIDTH` columns the middle has two columns:
+[current step + chart] | [preemptions + prefills in flight]. Once the run is finished
+(``View.finished``) the whole-run overview takes the rolling chart's place, and the
+notable moments that of the prefills in flight, across the whole width
+(:mod:`vllm_probe.tui.story`). Below
 :data:`~vllm_probe.tui.dashboard.MIN_FULL_WIDTH` ×
 :data:`~vllm_probe.tui.dashboard.MIN_FULL_HEIGHT` the compact view is shown. Pure: no
 I/O, no clock; the caller (:mod:`vllm_probe.tui.watch`) owns the loop and passes ``now``.
@@ -23,6 +26,15 @@ from .dashboard import (
     CHART_MIN_ROWS, CHART_ROWS, MIN_FULL_HEIGHT, MIN_FULL_WIDTH, PREEMPT_ROWS, View, chart_panel, compact_view,
     current_multi_panel, current_panel, header_panel, log_panel, preemptions_panel, prefills_panel, requests_panel,
 )
+from .doctor_view import findings_panel
+from .story import moments_panel, overview_panel
+
+#: Rows of the findings panel at most (borders included).
+FINDINGS_ROWS = 6
+#: Rows of the whole-run overview when there is room (and its minimum).
+OVERVIEW_ROWS, OVERVIEW_MIN_ROWS = 14, 10
+#: Notable moments listed on a finished run's dashboard (at most).
+MOMENT_ROWS = 6
 
 #: From this many columns on, the middle of the dashboard has two columns.
 WIDE_WIDTH = 140
@@ -74,12 +86,37 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
     n_recent = sum(len(e.recent_preempts) for e in engines)
     want_pre = 4 + (1 + min(n_recent, PREEMPT_ROWS) if n_recent else 0)
     n_inflight = sum(1 for e in engines for r in e.requests.values() if r.phase == PREFILL)
+    story = view.finished
     want_fill = 3 + min(n_inflight, 8) if n_inflight else 3
     per_engine = 2 if not multi else 3
     want_chart = 3 + len(engines) * (max(CHART_ROWS // len(engines), CHART_MIN_ROWS) + per_engine)
     min_chart = 3 + per_engine + CHART_MIN_ROWS
+    moment_rows = 0
+    if story:  # the whole run instead of the last steps; the moments instead of the prefills in flight
+        want_fill = 0
+        want_chart = OVERVIEW_ROWS + (len(engines) - 1) * 8
+        min_chart = OVERVIEW_MIN_ROWS
+        n_inflight = 0
+        moment_rows = min(len(view.moments), MOMENT_ROWS) + 3
     log_rows = min(len(view.log_tail), 8) + 2 if view.log_tail else 0
     left -= log_rows
+    find_rows = 0
+    if view.findings is not None:
+        shown = [f for f in view.findings if getattr(f, "id", "") != "not-checked"]
+        find_rows = min(max(len(shown), 1) + 2, FINDINGS_ROWS)
+        left -= find_rows
+    if moment_rows and left - moment_rows >= OVERVIEW_MIN_ROWS + h_current:
+        left -= moment_rows
+    else:
+        moment_rows = 0
+
+    def chart(w: int, h: int):
+        if story:
+            return overview_panel(engines, w, h)[0]
+        return chart_panel(engines, w, h, view.chart_steps)[0]
+
+    def fill(w: int, h: int):
+        return prefills_panel(engines, w, h, multi)[0]
 
     if wide and not multi:
         # middle: [current step + chart] | [preemptions + prefills in flight]
@@ -92,17 +129,15 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         if mid > left:
             mid = left
         chart_h = max(mid - h_current, 0)
-        fill_h = min(want_fill, max(mid - 4 - 1, 3))
+        fill_h = min(want_fill, max(mid - 4 - 1, 3)) if not story else 0
         pre_h = mid - fill_h
         left_items: list[RenderableType] = [current]
         if chart_h >= min_chart:
-            chart, _ = chart_panel(engines, left_w, chart_h, view.chart_steps)
-            left_items.append(_fixed(chart, chart_h))
+            left_items.append(_fixed(chart(left_w, chart_h), chart_h))
         pre, _ = preemptions_panel(engines, right_w, pre_h, multi, max_rows=pre_h)
         right_items: list[RenderableType] = [_fixed(pre, pre_h)]
         if fill_h >= 3:
-            fill, _ = prefills_panel(engines, right_w, fill_h, multi)
-            right_items.append(_fixed(fill, fill_h))
+            right_items.append(_fixed(fill(right_w, fill_h), fill_h))
         row = Table.grid()  # fixed widths: rich need not measure the nested panels
         row.add_column(width=left_w)
         row.add_column(width=right_w)
@@ -121,8 +156,7 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
         else:
             chart_h = 0
         if chart_h:
-            chart, _ = chart_panel(engines, width, chart_h, view.chart_steps)
-            parts.append(_fixed(chart, chart_h))
+            parts.append(_fixed(chart(width, chart_h), chart_h))
             left -= chart_h
         if left >= pre_min:
             pre_h = min(want_pre, max(left - req_min, pre_min))
@@ -131,9 +165,14 @@ def render_dashboard(state: RunState, meta: dict | None = None, stats: ReadStats
             left -= pre_h
         if n_inflight and left >= 4 + req_min:
             fill_h = min(want_fill, left - req_min)
-            fill, _ = prefills_panel(engines, width, fill_h, multi)
-            parts.append(_fixed(fill, fill_h))
+            parts.append(_fixed(fill(width, fill_h), fill_h))
             left -= fill_h
+    if moment_rows:
+        panel, _ = moments_panel(list(view.moments), width, moment_rows, view.run_dir)
+        parts.append(_fixed(panel, moment_rows))
+    if find_rows:
+        panel, _ = findings_panel(list(view.findings or ()), width, find_rows, live=not view.finished)
+        parts.append(_fixed(panel, find_rows))
     if left >= 4:
         req_rows = left if height is not None else min(3 + 30, left)
         reqs, used = requests_panel(engines, now, width, req_rows, multi)

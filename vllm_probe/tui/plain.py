@@ -3,13 +3,14 @@
 For pipes, logs and ``grep``. Every line starts with the event's time since the run's
 first event (``+12.345s``, seconds), then its kind::
 
-    +1.205s step 36 | 1024/1024 tok 100% | prefill 1000 tok 2 req | decode 24 tok 24 req | run 24 wait 8 | kv 87% free 9 blk | preempted 0 (total 1)
+    +1.205s step 36 | 1024/1024 tok 100% | prefill 1000 tok 2 req | decode 24 tok 24 req | run 24 wait 8 (head: token_budget) | kv 87% free 9 blk | preempted 0 (total 1)
     +1.204s preempt step 36 | req 4-98ba3ee3 | discarded 1014 tok | prompt 1536 out 0 | x1 | kv 95% | run 4 wait 12
 
 With several engine cores (data-parallel ranks) the kind is followed by ``dpN``. When
-the engine has prefix caching on, step lines also say how many prompt tokens the
-prefix cache served to the chunks of that step (``| hit 256 tok |`` before
-``preempted``; first passes and re-admissions alike).
+requests wait, ``(head: REASON)`` after the queues says why the first of them was not
+admitted (``step.head_blocked_by``, docs/events.md). When the engine has prefix caching
+on, step lines also say how many prompt tokens the prefix cache served to the chunks of
+that step (``| hit 256 tok |`` before ``preempted``; first passes and re-admissions alike).
 Other event kinds print nothing. Numbers carry no thousands separators (easy to parse);
 shares read as everywhere else (:func:`vllm_probe.tui.format.pct`). Running totals come
 from the state the record was just applied to (:mod:`vllm_probe.analysis.state`).
@@ -20,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.figures import budget_use
-from ..analysis.state import RunState
+from ..analysis.state import OTHER_REASON, RunState
+from ..schema.events import HEAD_BLOCKED_REASONS
 from .format import pct
 
 
@@ -30,6 +32,12 @@ def _v(v: object) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else pct(v)
+
+
+def _reason(reason: str) -> str:
+    """A ``head_blocked_by`` value as printed: an unknown one (a newer probe, a hostile
+    log) reads ``other``, so a line never carries text from the file."""
+    return reason if reason in HEAD_BLOCKED_REASONS else OTHER_REASON
 
 
 class PlainFormatter:
@@ -67,7 +75,9 @@ class PlainFormatter:
                 f"{_pct(budget_use(sched, budget))} | "
                 f"prefill {_v(ev.prefill_tokens)} tok {_v(ev.prefill_reqs)} req | "
                 f"decode {_v(ev.decode_tokens)} tok {_v(ev.decode_reqs)} req | "
-                f"run {_v(ev.running)} wait {_v(ev.waiting)} | kv {_pct(ev.kv_usage)} free {_v(ev.free_blocks)} blk | "
+                f"run {_v(ev.running)} wait {_v(ev.waiting)}"
+                + (f" (head: {_reason(ev.head_blocked_by)})" if ev.head_blocked_by else "")
+                + f" | kv {_pct(ev.kv_usage)} free {_v(ev.free_blocks)} blk | "
                 f"{hits}preempted {preempted} (total {eng.step_preemptions})")
 
     def _preempt(self, ev: Any) -> str:

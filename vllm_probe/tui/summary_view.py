@@ -99,8 +99,10 @@ def latency_class_parts(s: Summary) -> list[Any]:
     return parts
 
 
-def render(s: Summary, width: int = 120) -> Group:
-    """The one-screen view of a summary (side-by-side panels from ``width`` 110 on)."""
+def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
+    """The one-screen view of a summary (side-by-side panels from ``width`` 110 on);
+    with the run's ``engines`` (:class:`~vllm_probe.analysis.state.EngineState`), the
+    whole-run overview and the notable moments at the end."""
     c = s.config
     head = Text.assemble(("vllm-probe summary ", "bold"), (s.run_dir, "cyan"))
     sub = [s.read.get("text", ""), f"{s.engines} engine core{'s' if s.engines != 1 else ''}"]
@@ -203,8 +205,26 @@ def render(s: Summary, width: int = 120) -> Group:
             f"{k} {figure(v, '%')}" for k, v in s.bound_by.items())
             + ".  KV re-read: prefill KV tokens read again by later chunks of the same pass; a single-shot prefill re-reads 0.",
             style="dim"))
+    if s.head_blocked_by:
+        parts.append(Text(f"head of the waiting queue blocked by (share of the {count(s.head_blocked_steps)} steps "
+                          "with requests waiting): " + " · ".join(
+                              f"{k} {figure(v, '%')}" for k, v in s.head_blocked_by.items()), style="dim"))
     if s.probe_dropped_events or s.probe_hook_errors or s.probe_hooks_disabled:
         off = f", hooks switched off: {', '.join(s.probe_hooks_disabled)}" if s.probe_hooks_disabled else ""
         parts.append(Text(f"probe: {s.probe_dropped_events} events dropped, {s.probe_hook_errors} hook errors{off} "
                           "(figures may be incomplete)", style="yellow"))
+    if engines:
+        parts += _story(s, width, engines)
     return Group(*parts)
+
+
+def _story(s: Summary, width: int, engines: list) -> list[Any]:
+    """The whole-run overview chart and the notable moments (:mod:`vllm_probe.tui.story`)."""
+    from ..analysis.episodes import Moment
+    from .story import moments_panel, overview_panel
+
+    rows = 14 + 8 * (len(engines) - 1)
+    overview, _ = overview_panel(engines, width, rows)
+    moments = [Moment(**m) for m in s.moments]
+    panel, _ = moments_panel(moments, width, len(moments) + 3, s.run_dir)
+    return [overview, panel]

@@ -31,6 +31,8 @@ from ..runs.launcher import (
 from ..runs.reader import Follower, ReadStats, iter_run, record_ts
 from ..runs.rundir import read_meta
 from ..settings import Settings
+from ..analysis.doctor import diagnose, expected_of_meta
+from ..analysis.episodes import Episodes, notable_moments
 from ..analysis.state import RunState
 from .dashboard import View
 from .format import duration
@@ -44,6 +46,8 @@ POLL_S = 0.1
 READ_CHUNK = 4 << 20
 #: A replay shortens idle gaps between events longer than this (s of event time).
 REPLAY_MAX_GAP_S = 5.0
+#: The findings panel is recomputed at most this often while the run goes on (s).
+FINDINGS_EVERY_S = 1.0
 
 
 class Watcher:
@@ -60,7 +64,8 @@ class Watcher:
                  chart_steps: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.stats = ReadStats()
-        self.state = RunState(step_window=max(chart_steps or 0, 600))
+        self.episodes = Episodes()  # the doctor's findings and the notable moments read them
+        self.state = RunState(step_window=max(chart_steps or 0, 600), listener=self.episodes)
         self.follower = Follower(self.run_dir, self.stats)
         self.formatter = PlainFormatter(self.state) if plain_out is not None else None
         self.out = plain_out
@@ -68,6 +73,10 @@ class Watcher:
         self.chart_steps = chart_steps
         self.finished = False  # the run has ended: a partial last line is a truncated one
         self.behind = False  # the last pump stopped on its time budget with data left
+        self.quiet = False  # apply events without printing plain lines (a replay's fast-forward)
+        self._story: tuple[list, list] | None = None
+        self._story_key: tuple | None = None
+        self._story_at = 0.0
 
     def apply(self, ev) -> None:
         """Apply one record (:mod:`vllm_probe.schema.records`) to the state and print its
@@ -75,7 +84,7 @@ class Watcher:
         if self.engine is not None and ev.engine != self.engine:
             return
         self.state.apply(ev)
-        if self.formatter is not None:
+        if self.formatter is not None and not self.quiet:
             line = self.formatter.format(ev)
             if line is not None:
                 self.out.write(line + "\n")
@@ -109,11 +118,26 @@ class Watcher:
         """Incomplete last lines, counted once the run has finished."""
         return self.follower.pending_partial() if self.finished else 0
 
+    def story(self, meta: dict, finished: bool) -> tuple[list, list]:
+        """The doctor's findings on the state so far, and (finished) the notable moments:
+        recomputed when events arrived, at most every :data:`FINDINGS_EVERY_S` while live."""
+        key = (self.state.events, finished)
+        now = time.monotonic()
+        if self._story is None or (key != self._story_key and (finished or now - self._story_at >= FINDINGS_EVERY_S)):
+            findings = diagnose(self.state, self.episodes, expected_of_meta(meta), live=not finished)
+            moments = notable_moments(self.state, self.episodes) if finished else []
+            self._story, self._story_key, self._story_at = (findings, moments), key, now
+        return self._story
+
     def frame(self, width: int, height: int | None, *, now: float | None, meta: dict, status: str,
-              status_style: str = "bold", log_tail: list[str] | None = None, notice: str | None = None) -> RenderableType:
-        """The dashboard for the current state."""
+              status_style: str = "bold", log_tail: list[str] | None = None, notice: str | None = None,
+              finished: bool = False) -> RenderableType:
+        """The dashboard for the current state (``finished``: the run is over; its whole-run
+        overview and notable moments are shown)."""
+        findings, moments = self.story(meta, finished) if self.state.engines else ([], [])
         view = View(status=status, status_style=status_style, run_dir=str(self.run_dir), truncated=self.truncated,
-                    log_tail=log_tail or (), notice=notice, engine=self.engine, chart_steps=self.chart_steps)
+                    log_tail=log_tail or (), notice=notice, engine=self.engine, chart_steps=self.chart_steps,
+                    findings=findings, moments=moments, finished=finished and bool(self.state.engines))
         return render_dashboard(self.state, meta, self.stats, width=width, height=height, now=now, view=view)
 
 
@@ -153,9 +177,10 @@ def follow(run_dir: Path, *, plain: bool = False, refresh_hz: float = REFRESH_HZ
         notice = None
         if not watcher.state.engines:
             notice = f"no events yet in {run_dir}" if not _is_finished(meta) else f"no events in {run_dir}"
-        now = meta.get("end_time") if _is_finished(meta) else time.time()
+        done = _is_finished(meta)
+        now = meta.get("end_time") if done else time.time()
         return watcher.frame(width, height, now=now or None, meta=meta, status=status, status_style=style,
-                             notice=notice)
+                             notice=notice, finished=done and watcher.finished)
 
     with Screen(console, refresh_hz, enabled=not plain) as screen:
         try:
@@ -194,11 +219,14 @@ def _is_finished(meta: dict) -> bool:
 
 def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz: float = REFRESH_HZ,
            engine: int | None = None, chart_steps: int | None = None, console: Console | None = None,
-           out: IO[str] | None = None) -> int:
+           out: IO[str] | None = None, from_step: int | None = None) -> int:
     """``vllm-probe tail --replay SPEED``: play the run's events back at ``speed``× their pace.
 
     Events are merged across files in time order; idle gaps longer than
-    :data:`REPLAY_MAX_GAP_S` of event time are shortened to it.
+    :data:`REPLAY_MAX_GAP_S` of event time are shortened to it. ``from_step``: the
+    events before the first one of that step (any engine core shown) are applied at
+    once, without ``--plain`` lines, and the replay plays from there (the step a
+    finding or a notable moment names).
     """
     out = out or sys.stdout
     console = console or Console()
@@ -209,6 +237,8 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     clock: dict[str, Any] = {"ev": None, "wall": time.monotonic()}
     first_ts = [None]
     interrupted = False
+    playing = from_step is None
+    watcher.quiet = not playing
 
     def event_now() -> float | None:
         if clock["ev"] is None:
@@ -218,17 +248,27 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     def make(width: int, height: int | None) -> RenderableType:
         now = event_now()
         pos = f" · t+{duration(now - first_ts[0])}" if now is not None and first_ts[0] is not None else ""
-        status = f"▶ replay {speed:g}×{pos}" + (" · stopped (Ctrl-C)" if interrupted else "")
+        frm = f" from step {from_step}" if from_step is not None else ""
+        status = f"▶ replay {speed:g}×{frm}{pos}" + (" · stopped (Ctrl-C)" if interrupted else "")
+        done = watcher.finished and not interrupted
         return watcher.frame(width, height, now=now, meta={**meta, "end_time": None}, status=status,
-                             status_style="bold cyan", notice=None if watcher.state.engines else "no events yet")
+                             status_style="bold cyan", notice=None if watcher.state.engines else "no events yet",
+                             finished=done)
 
     with Screen(console, refresh_hz, enabled=not plain) as screen:
         try:
             for ev in events:
                 ts = ev.ts
+                if first_ts[0] is None:
+                    first_ts[0] = ts
+                if not playing:
+                    step = getattr(ev, "step", None)
+                    if step is None or step < from_step or (engine is not None and ev.engine != engine):
+                        watcher.apply(ev)  # fast-forward: no pacing, no plain line
+                        continue
+                    playing, watcher.quiet = True, False
                 if clock["ev"] is None:
                     clock["ev"], clock["wall"] = ts, time.monotonic()
-                    first_ts[0] = ts
                 now = event_now()
                 if ts - now > REPLAY_MAX_GAP_S:  # idle gap: jump ahead
                     clock["ev"], clock["wall"] = ts - REPLAY_MAX_GAP_S, time.monotonic()
@@ -251,6 +291,10 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
     if not watcher.state.events and not interrupted:
         print(f"vllm-probe: no events in {run_dir}", file=sys.stderr)
         return 1
+    if not playing and not interrupted:
+        last = max((e.last_step for e in watcher.state.engines.values()), default=-1)
+        print(f"vllm-probe: the run has no step {from_step} (its last step is {last}); shown: the end of the run",
+              file=sys.stderr)
     return 0
 
 
@@ -292,7 +336,7 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
             notice = (f"starting: no events yet ({duration(time.time() - run.started)}; vLLM's start-up takes a while)"
                       if code is None else "the command ended before the engine wrote events")
         return watcher.frame(width, height, now=time.time(), meta=shown_meta, status=status, status_style=style,
-                             log_tail=log_tail, notice=notice)
+                             log_tail=log_tail, notice=notice, finished=code is not None and watcher.finished)
 
     with run.stop_on_signals():
         try:

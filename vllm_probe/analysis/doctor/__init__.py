@@ -1,0 +1,99 @@
+"""``vllm-probe doctor``: what went wrong in a run, the evidence, and what to change.
+
+:func:`examine` reads a run (recorded or simulated) once through the shared state with
+:class:`~vllm_probe.analysis.episodes.Episodes` attached, and applies the catalogue of
+:mod:`.rules`; :func:`diagnose` applies it to any state (the dashboard's findings panel
+calls it on the live state). Findings are :class:`~.findings.Finding` (worst first);
+``--whatif`` predictions are attached by :mod:`.predict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...runs.reader import ReadStats
+from ...runs.rundir import read_meta
+from ..episodes import Episodes
+from ..expected import check_expected
+from ..state import RunState
+from ..summary import analyze
+from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
+from .rules import CATALOGUE, FINDING_IDS, Context
+
+__all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "Remedy", "Report", "diagnose",
+           "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What the user expected the engine to run with: ``engine`` maps vLLM engine
+    arguments to values, ``source`` names the file (the shape of
+    :class:`vllm_probe.settings.Expected`, which ``--expect FILE`` passes in as it is)."""
+
+    source: str
+    engine: dict[str, Any]
+
+
+@dataclass
+class Report:
+    """A run's findings and what they came from (the view and ``--whatif`` read it)."""
+
+    run_dir: str
+    findings: list[Finding]
+    state: RunState
+    episodes: Episodes
+    stats: ReadStats
+    meta: dict
+    expected_source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``doctor --json``: ``{"run_dir", "findings": [...]}``."""
+        return {"run_dir": self.run_dir, "findings": [f.to_dict() for f in self.findings]}
+
+    @property
+    def critical(self) -> bool:
+        return has_critical(self.findings)
+
+
+def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bool = False) -> list[Finding]:
+    """The catalogue's findings on ``state`` (followed by ``episodes``), worst first.
+
+    ``expected``: what the user expected the engine to run with, an :class:`Expectation`
+    or a :class:`vllm_probe.settings.Expected` (``--expect FILE``, or
+    ``meta.json["expected"]``); ``live``: the run goes on (a stall at the end of the log
+    is not "never drained" yet).
+    """
+    checks = check_expected(expected.engine, state.config) if expected is not None and expected.engine else None
+    ctx = Context(state, episodes, checks, expected.source if expected is not None else None, live)
+    found: list[Finding] = []
+    for _, rule in CATALOGUE:
+        found.extend(rule(ctx))
+    return worst_first(found, FINDING_IDS)
+
+
+def expected_of_meta(meta: dict) -> Expectation | None:
+    """What ``vllm-probe run --settings`` recorded as expected in ``meta.json`` (None:
+    nothing, or not readable)."""
+    raw = meta.get("expected") if isinstance(meta, dict) else None
+    if not isinstance(raw, dict) or not isinstance(raw.get("engine"), dict) or not raw["engine"]:
+        return None
+    return Expectation(str(raw.get("source") or "meta.json"), dict(raw["engine"]))
+
+
+def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None = None) -> Report:
+    """Read the run in ``run_dir`` and diagnose it.
+
+    ``expected``: ``--expect FILE`` (:func:`vllm_probe.settings.load_expected`); without
+    it, what ``meta.json`` recorded. Raises ``NoEventsError`` like ``summary``.
+    """
+    episodes = Episodes()
+    stats = stats if stats is not None else ReadStats()
+    state, _ = analyze(run_dir, stats, listener=episodes, with_summary=False)  # rules read the state only
+    meta = read_meta(Path(run_dir))
+    if expected is None:
+        expected = expected_of_meta(meta)
+    findings = diagnose(state, episodes, expected)
+    return Report(str(run_dir), findings, state, episodes, stats, meta if isinstance(meta, dict) else {},
+                  expected.source if expected is not None else None)
