@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 
@@ -80,18 +78,22 @@ def test_the_expectations_recorded_by_run_settings_are_used(tmp_path, capsys):
     assert f["message"].startswith("1 setting of configs/config.toml did not take effect: max_num_seqs 64 expected, 8 in force")
 
 
-def test_whatif_without_the_replay_is_one_line(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "vllm_probe.sim.whatif", None)  # import fails as if the module were absent
+def test_whatif_without_vllm_is_one_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     run = _write(_storm(200, (1, 1)), tmp_path / "run")
     assert cli.main(["doctor", str(run), "--whatif"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["vllm-probe: error: doctor --whatif needs the what-if replay (vllm_probe.sim.whatif), which this "
-                   "build of vllm-probe does not have yet; run doctor without --whatif"]
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("vllm-probe: error: doctor --whatif replays through vLLM's own scheduler: whatif replays "
+                          "vLLM's own scheduler and needs vLLM installed")
 
 
 def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, capsys):
-    """A stand-in for the replay with its signature: it gets each remedy's settings once,
-    in finding order, and its summaries become the predicted figures."""
+    """A stand-in for the replay with its signature (the real one: tests/test_whatif_e2e.py):
+    it gets each remedy's settings once, in finding order, and its summaries become the
+    predicted figures; the baseline's comparison reads as whatif's."""
     run = _write(_storm(200, (1, 1)), tmp_path / "run")
     recorded = summarize(run)
     calls = []
@@ -100,19 +102,28 @@ def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, c
         calls.append((run_dir, grid, out, jobs))
         predicted = summarize(run)
         predicted.preemptions.count = 0
-        return {"baseline": {"error": {"preemptions": 0.0, "ttft_p90_s": -0.03}},
+        return {"error": {"figures": {"preemptions": {"error": 0.0, "within": True},
+                                      "TTFT p90": {"error": -0.03, "within": True}}, "within": True},
                 "configs": [{"settings": {**g, "max_num_seqs": 8}, "run_dir": str(tmp_path / f"sim{i}"),
                              "summary": predicted} for i, g in enumerate(grid)]}
 
-    monkeypatch.setitem(sys.modules, "vllm_probe.sim.whatif", types.SimpleNamespace(predict=predict))
+    from vllm_probe.sim import whatif
+
+    monkeypatch.setattr(whatif, "predict", predict)
+    monkeypatch.setattr(whatif, "require_vllm", lambda: None)
     assert cli.main(["doctor", str(run), "--whatif", "--json", "--jobs", "2"]) == 0
     (f,) = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "preemption-storm"]
     assert calls == [(str(run), [f["remedy"]["whatif"]], None, 2)]
     assert f["predicted"]["settings"] == f["remedy"]["whatif"] and f["predicted"]["run_dir"] == str(tmp_path / "sim0")
     assert f["predicted"]["figures"]["preemptions"] == {"recorded": recorded.preemptions.count, "predicted": 0, "unit": ""}
-    assert f["predicted"]["baseline_error"] == {"preemptions": 0.0, "ttft_p90_s": -0.03}
+    assert f["predicted"]["baseline_error"] == {"within": True, "figures": {"preemptions": 0.0, "TTFT p90": -0.03},
+                                                "off": []}
+    assert f["predicted"]["resolved"] is True
     cli.main(["doctor", str(run), "--whatif"])
-    assert "predicted  preemptions 2 → 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "predicted  preemptions 2 → 0" in out
+    assert ("predictions: vLLM's own scheduler replayed at each remedy's settings; at the recorded settings it "
+            "matched the run within its thresholds (preemptions =, TTFT p90 −3.0%)") in " ".join(out.split())
 
 
 @pytest.mark.parametrize("args,code,msg", [

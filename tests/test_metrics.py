@@ -215,23 +215,27 @@ def test_model_name_labels_every_engine_series_when_known():
     assert all(dict(labels).get("model_name") == "tiny" for _, labels in m.samples)
 
 
-# -- the seams for part 8: head_blocked_by and the doctor's findings ------------------------
+# -- head_blocked_by and the doctor's findings ----------------------------------------------
 
 
-def test_head_blocked_counts_are_exported_once_the_state_counts_them():
-    state = RunState().apply_all(scenario_preempt().events)
-    plain = Series(scrape_text(RunStateCollector(state)))
-    assert not {n for n in plain.names() if "head_blocked" in n}  # absent until part 8 feeds it
-    state.engines[0].head_blocked_counts.update({"kv_cache": 3, "max_num_seqs": 1})
-    m = Series(scrape_text(RunStateCollector(state)))
-    assert m("vllm_probe_steps_by_head_blocked_total", engine="0", reason="kv_cache") == 3
-    assert m("vllm_probe_steps_by_head_blocked_total", engine="0", reason="max_num_seqs") == 1
+def test_head_blocked_counts_are_the_steps_with_each_reason():
+    from tests.test_doctor_rules import Run
+
+    r = Run()
+    r.step(running=1, waiting=2, blocked="kv_cache", times=3)
+    r.step(running=1, waiting=1, blocked="token_budget")
+    r.step(running=1, waiting=0)  # nothing waits: no reason
+    r.step(running=1, waiting=1, blocked="a_reason_from_a_newer_probe")
+    m = Series(scrape_text(RunStateCollector(RunState().apply_all(r.s.events))))
+    got = {dict(lbl)["reason"]: v for (n, lbl), v in m.samples.items() if n == "vllm_probe_steps_by_head_blocked_total"}
+    assert got == {"kv_cache": 3, "token_budget": 1, "max_num_seqs": 0, "preemption": 0, "prefill_limit": 0,
+                   "deferred": 0, "other": 1}
 
 
 def test_findings_are_one_series_each_while_they_hold():
     findings = [SimpleNamespace(id="kv_thrash", severity="warning", engine=0),
                 SimpleNamespace(id="kv_thrash", severity="warning", engine=0),  # the same series once
-                SimpleNamespace(id="budget_idle", severity="info")]  # a finding of the whole run
+                SimpleNamespace(id="budget_idle", severity="info", engine=None)]  # a finding of the whole run
     seen = []
 
     def source(state):
@@ -249,9 +253,28 @@ def test_findings_are_one_series_each_while_they_hold():
     assert "vllm_probe_finding" not in collect(scenario_preempt().events).types  # no source: absent
 
 
+def test_the_server_serves_the_doctors_findings_on_what_it_followed(tmp_path):
+    """The metrics server runs the doctor's rules on the state it follows: the findings
+    `vllm-probe doctor` reports on the same run, one series each."""
+    from tests.test_doctor_rules import _storm
+    from vllm_probe.analysis.doctor import examine
+
+    run = tmp_path / "run"
+    _storm(200, (1, 1)).s.write(run)
+    (run / "meta.json").write_text(json.dumps({"start_time": 1.0, "end_time": 2.0}))
+    want = {(f.id, f.severity) for f in examine(run).findings}
+    assert ("preemption-storm", "warning") in want
+    with MetricsServer("127.0.0.1", 0) as server:
+        server.follow(run, background=False)
+        server.pump()
+        m = Series(urllib.request.urlopen(server.url, timeout=10).read().decode())
+    got = {(dict(lbl)["id"], dict(lbl)["severity"]) for (n, lbl), v in m.samples.items()
+           if n == "vllm_probe_finding" and v == 1}
+    assert got == want
+
+
 def test_every_metric_is_documented_and_every_documented_metric_exists():
     state = RunState().apply_all(scenario_preempt().events)
-    state.engines[0].head_blocked_counts["kv_cache"] = 1
     m = Series(scrape_text(RunStateCollector(state, stats=ReadStats(), incomplete_lines=lambda: 0,
                                              findings=lambda _s: [SimpleNamespace(id="x", severity="info")])))
     exposed = {name + "_total" if kind == "counter" else name + "_info" if kind == "info" else name

@@ -24,7 +24,7 @@ from ..analysis.doctor import predict as predicting
 from ..analysis.summary import summarize
 from ..runs.rundir import resolve_run_dir
 from ..settings import load_expected
-from . import CliError, print_json, print_report
+from . import EXIT_NO_EVENTS, CliError, print_json, print_report
 
 #: Exit code when a finding is critical.
 EXIT_CRITICAL = 3
@@ -44,15 +44,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _predict_function():
-    """The what-if replay's ``predict``, or a one-line error saying why it is missing."""
+    """The what-if replay's ``predict``, or a one-line error when vLLM is missing."""
+    from ..sim.whatif import WhatifError, predict, require_vllm
+
     try:
-        from ..sim.whatif import predict
-    except ModuleNotFoundError as e:
-        if (e.name or "").startswith("vllm_probe"):
-            raise CliError("doctor --whatif needs the what-if replay (vllm_probe.sim.whatif), which this build "
-                           "of vllm-probe does not have yet; run doctor without --whatif") from None
-        raise CliError(f"doctor --whatif needs vLLM installed (the replay runs vLLM's own scheduler): {e}") from None
+        require_vllm()
+    except WhatifError as e:
+        raise CliError(f"doctor --whatif replays through vLLM's own scheduler: {e}") from None
     return predict
+
+
+def _replay(predict, run_dir, settings, out, jobs):
+    """``predict(run_dir, settings)`` with the replay's errors as one line each (exit 1:
+    the run cannot be replayed; 2: a remedy's settings are refused by vLLM's checks)."""
+    from ..analysis.workload import WorkloadError
+    from ..sim.engine_args import SettingError
+    from ..sim.whatif import WhatifError
+
+    try:
+        return predict(str(run_dir), settings, out=out, jobs=jobs)
+    except (SettingError, WorkloadError) as e:
+        raise CliError(f"doctor --whatif: {e}") from None
+    except WhatifError as e:
+        raise CliError(f"doctor --whatif: {e}", code=EXIT_NO_EVENTS) from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -67,7 +81,7 @@ def main(args: argparse.Namespace) -> int:
         if settings:
             print(f"vllm-probe: replaying {len(settings)} remedy setting(s) with the what-if replay …",
                   file=sys.stderr, flush=True)
-            result = predict(str(run_dir), settings, out=args.out, jobs=args.jobs)
+            result = _replay(predict, run_dir, settings, args.out, args.jobs)
             predicting.attach(report.findings, summarize(run_dir), settings, result)
     if args.json:
         print_json(report.to_dict())

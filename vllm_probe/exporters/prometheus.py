@@ -24,8 +24,8 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-from bisect import bisect_left
 import time
+from bisect import bisect_left
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -39,7 +39,9 @@ from prometheus_client.utils import floatToGoString
 from ..analysis.figures import (
     BUDGET_USE_BOUNDS, CHUNKS_PER_PROMPT_BOUNDS, STEP_TOKENS_BOUNDS, Buckets, budget_use,
 )
+from ..analysis.doctor import LiveDiagnosis
 from ..analysis.state import EngineState, RunState
+from ..schema.events import HEAD_BLOCKED_REASONS
 from ..analysis.summary import CONFIG_KEYS
 from ..runs.reader import Follower, ReadStats, record_ts
 from ..runs.rundir import read_meta
@@ -52,6 +54,13 @@ READ_CHUNK = 4 << 20
 APPLY_SLICE = 500
 #: Seconds between two reads of ``meta.json`` (model name, end of the run).
 META_EVERY_S = 1.0
+#: The doctor's findings (``vllm_probe_finding``) are recomputed at most this often (s),
+#: on a scrape: a Prometheus scrape interval is 5 s or more.
+FINDINGS_EVERY_S = 5.0
+
+#: Every known head_blocked_by reason at 0: the series exist from the first scrape, as
+#: ``steps_by_limit``'s do (``rate()`` needs a first sample).
+_NO_HEAD_BLOCKED = dict.fromkeys(HEAD_BLOCKED_REASONS, 0)
 
 #: ``findings(state)``: the doctor's findings that hold now (objects with ``id``,
 #: ``severity`` and optionally ``engine``).
@@ -187,10 +196,9 @@ class _Families:
         self.counter_by("vllm_probe_steps_by_limit_total", "Steps by the limit that held them back: token_budget, "
                         "max_num_seqs, kv_cache or none (analysis.figures.bound_by of each step).", "limit",
                         lambda e: e.bound_counts)
-        if any(e.head_blocked_counts for e in self.engines):  # part 8: absent until the state counts it
-            self.counter_by("vllm_probe_steps_by_head_blocked_total", "Steps by why the head of the waiting "
-                            "queue was not admitted (step.head_blocked_by).", "reason",
-                            lambda e: e.head_blocked_counts)
+        self.counter_by("vllm_probe_steps_by_head_blocked_total", "Steps with requests waiting, by why the "
+                        "head of the waiting queue was not admitted (step.head_blocked_by).", "reason",
+                        lambda e: {**_NO_HEAD_BLOCKED, **e.head_blocked_counts})
         self.histogram("vllm_probe_schedule_duration_seconds", "Time inside Scheduler.schedule() per step, "
                        "seconds (step.schedule_us).", lambda e: e.schedule_s)
         # -- preemptions
@@ -338,15 +346,20 @@ class MetricsServer:
 
     The port is bound when the server is made (so a port in use fails before anything
     starts); :meth:`follow` then starts following a run directory; :meth:`close` stops
-    both. A scrape before :meth:`follow` answers with no series.
+    both. A scrape before :meth:`follow` answers with no series. ``diagnose``: the
+    doctor follows the same state and its findings are served as ``vllm_probe_finding``
+    (:class:`~vllm_probe.analysis.doctor.LiveDiagnosis`).
 
     Raises (from the constructor):
         OSError: the address cannot be bound (in use, not allowed, unknown host).
     """
 
-    def __init__(self, host: str, port: int = 0, *, poll_s: float = POLL_S,
-                 findings: FindingsSource | None = None) -> None:
-        self.state = RunState(step_window=0, finished_keep=0)  # no rolling views: totals only
+    def __init__(self, host: str, port: int = 0, *, poll_s: float = POLL_S, diagnose: bool = True) -> None:
+        # the doctor follows the same state; its findings are recomputed at most every
+        # FINDINGS_EVERY_S, on a scrape
+        self.diagnosis = LiveDiagnosis(FINDINGS_EVERY_S) if diagnose else None
+        self.state = RunState(step_window=0, finished_keep=0,  # no rolling views: totals only
+                              listener=self.diagnosis.episodes if self.diagnosis is not None else None)
         self.stats = ReadStats()
         self.lock = threading.Lock()
         self.meta: dict = {}
@@ -355,7 +368,7 @@ class MetricsServer:
         self.follower: Follower | None = None
         self.collector = RunStateCollector(self.state, lock=self.lock, stats=self.stats,
                                            incomplete_lines=lambda: self.incomplete, meta=lambda: self.meta,
-                                           findings=findings)
+                                           findings=self._findings if diagnose else None)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self.collector)
         self._httpd, self._http_thread = start_http_server(port, addr=host, registry=registry)
@@ -364,6 +377,10 @@ class MetricsServer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
+
+    def _findings(self, state: RunState) -> list:
+        meta = self.meta
+        return self.diagnosis.findings(state, meta, finished=meta.get("end_time") is not None)
 
     @property
     def url(self) -> str:

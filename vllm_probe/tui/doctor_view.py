@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..analysis.doctor import CRITICAL, INFO, WARNING, Finding, Report
 from .charts import line, sep
-from .format import count, duration, figure
+from .format import count, duration, figure, signed_pct
 
 #: How each severity reads.
 SEVERITY_STYLE = {CRITICAL: "bold white on red", WARNING: "bold yellow", INFO: "bold cyan"}
@@ -127,6 +127,20 @@ def predicted_text(p: dict) -> str:
     return " · ".join(parts)
 
 
+def baseline_line(error: dict | None) -> Text:
+    """How far to trust ``--whatif``'s predictions: the replay at the recorded settings
+    against the recorded run (``predicted["baseline_error"]``)."""
+    head = "predictions: vLLM's own scheduler replayed at each remedy's settings; "
+    if not error or "figures" not in error:
+        return Text(head + "no baseline comparison", style="dim")
+    figs = ", ".join(f"{label} " + ("=" if e == 0 else "-" if e is None else signed_pct(e))
+                     for label, e in error["figures"].items())
+    if error.get("within"):
+        return Text(head + f"at the recorded settings it matched the run within its thresholds ({figs})", style="dim")
+    return Text(head + f"at the recorded settings it is off on {', '.join(error.get('off', []))} ({figs}): "
+                "take those predicted figures as rough (docs/whatif.md)", style="yellow")
+
+
 def _finding(f: Finding, run_dir: str) -> RenderableType:
     t = Table.grid(padding=(0, 1))
     t.add_column(no_wrap=True, style="dim", width=10)
@@ -151,11 +165,11 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
         if p.get("error"):
             rows.append(("predicted", Text(p["error"], style="yellow")))
         else:
-            rows.append(("predicted", Text(predicted_text(p), style="bold")))
-            if p.get("baseline_error"):
-                rows.append(("", Text("baseline replay against the recorded run: " + ", ".join(
-                    f"{k} {v:+.1%}" if isinstance(v, float) else f"{k} {v}" for k, v in p["baseline_error"].items()),
-                    style="dim")))
+            line = Text(predicted_text(p), style="bold")
+            if p.get("resolved") is False:
+                line.append("  not enough on its own: the replay still preempts", style="yellow")
+            rows.append(("predicted", line))
+            rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
     step = _first_step(f)
     if step is not None and f.id != "not-checked":
         rows.append(("see", Text(f"vllm-probe tail {run_dir} --replay --from-step {step}", style="dim")))
@@ -184,6 +198,9 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
             f"expected settings from {report.expected_source}" if report.expected_source else "",
         ) if x), style="dim"),
     ]
+    replayed = next((f.predicted for f in report.findings if f.predicted and "baseline_error" in f.predicted), None)
+    if replayed is not None:
+        parts.append(baseline_line(replayed["baseline_error"]))
     shown = [f for f in report.findings]
     serious = [f for f in shown if f.severity in (CRITICAL, WARNING)]
     if not serious:

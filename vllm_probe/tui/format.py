@@ -31,6 +31,14 @@ def pct(v: float | None) -> str:
     return f"{100 * v:.1f}%" if 0 < v < 0.1 else f"{100 * v:.0f}%"
 
 
+def signed_pct(v: float | None) -> str:
+    """A relative change or error as a signed share: ``+1.2%``, ``−15%`` (a real minus
+    sign), digits as :func:`pct`."""
+    if v is None:
+        return UNKNOWN
+    return ("+" if v >= 0 else "−") + pct(abs(v))
+
+
 def duration(s: float | None) -> str:
     """Seconds as ``0.4 ms``, ``5.5 ms``, ``850 ms``, ``2.31 s``, ``1m 05s``, ``2h 03m``."""
     if s is None:

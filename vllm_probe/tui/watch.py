@@ -31,8 +31,8 @@ from ..runs.launcher import (
 from ..runs.reader import Follower, ReadStats, iter_run, record_ts
 from ..runs.rundir import read_meta
 from ..settings import Settings
-from ..analysis.doctor import diagnose, expected_of_meta
-from ..analysis.episodes import Episodes, notable_moments
+from ..analysis.doctor import LiveDiagnosis
+from ..analysis.episodes import notable_moments
 from ..analysis.state import RunState
 from .dashboard import View
 from .format import duration
@@ -64,7 +64,8 @@ class Watcher:
                  chart_steps: int | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.stats = ReadStats()
-        self.episodes = Episodes()  # the doctor's findings and the notable moments read them
+        self.diagnosis = LiveDiagnosis(FINDINGS_EVERY_S)  # its episodes: the findings' and the notable moments'
+        self.episodes = self.diagnosis.episodes
         self.state = RunState(step_window=max(chart_steps or 0, 600), listener=self.episodes)
         self.follower = Follower(self.run_dir, self.stats)
         self.formatter = PlainFormatter(self.state) if plain_out is not None else None
@@ -74,9 +75,7 @@ class Watcher:
         self.finished = False  # the run has ended: a partial last line is a truncated one
         self.behind = False  # the last pump stopped on its time budget with data left
         self.quiet = False  # apply events without printing plain lines (a replay's fast-forward)
-        self._story: tuple[list, list] | None = None
-        self._story_key: tuple | None = None
-        self._story_at = 0.0
+        self._moments: list | None = None
 
     def apply(self, ev) -> None:
         """Apply one record (:mod:`vllm_probe.schema.records`) to the state and print its
@@ -119,15 +118,14 @@ class Watcher:
         return self.follower.pending_partial() if self.finished else 0
 
     def story(self, meta: dict, finished: bool) -> tuple[list, list]:
-        """The doctor's findings on the state so far, and (finished) the notable moments:
-        recomputed when events arrived, at most every :data:`FINDINGS_EVERY_S` while live."""
-        key = (self.state.events, finished)
-        now = time.monotonic()
-        if self._story is None or (key != self._story_key and (finished or now - self._story_at >= FINDINGS_EVERY_S)):
-            findings = diagnose(self.state, self.episodes, expected_of_meta(meta), live=not finished)
-            moments = notable_moments(self.state, self.episodes) if finished else []
-            self._story, self._story_key, self._story_at = (findings, moments), key, now
-        return self._story
+        """The doctor's findings on the state so far (:class:`LiveDiagnosis`: at most every
+        :data:`FINDINGS_EVERY_S` while live), and once finished the notable moments."""
+        findings = self.diagnosis.findings(self.state, meta, finished)
+        if not finished:
+            return findings, []
+        if self._moments is None:
+            self._moments = notable_moments(self.state, self.episodes)
+        return findings, self._moments
 
     def frame(self, width: int, height: int | None, *, now: float | None, meta: dict, status: str,
               status_style: str = "bold", log_tail: list[str] | None = None, notice: str | None = None,

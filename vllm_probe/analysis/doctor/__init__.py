@@ -9,6 +9,7 @@ calls it on the live state). Findings are :class:`~.findings.Finding` (worst fir
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
 from .rules import CATALOGUE, FINDING_IDS, Context
 
-__all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "Remedy", "Report", "diagnose",
-           "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
+__all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
+           "diagnose", "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +98,32 @@ def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None =
     findings = diagnose(state, episodes, expected)
     return Report(str(run_dir), findings, state, episodes, stats, meta if isinstance(meta, dict) else {},
                   expected.source if expected is not None else None)
+
+
+class LiveDiagnosis:
+    """The doctor's findings on a state that grows while a run goes on (the dashboard's
+    findings panel, the metrics' ``vllm_probe_finding``).
+
+    Attach :attr:`episodes` as the state's listener when the state is made
+    (``RunState(listener=live.episodes)``); :meth:`findings` then diagnoses it, again
+    only when events arrived and at most every ``every_s`` seconds while the run goes on
+    (a finished run's findings are computed once more, then kept).
+    """
+
+    def __init__(self, every_s: float = 1.0, clock=time.monotonic) -> None:
+        self.episodes = Episodes()
+        self.every_s = every_s
+        self._clock = clock
+        self._findings: list[Finding] | None = None
+        self._key: tuple[int, bool] | None = None
+        self._at = 0.0
+
+    def findings(self, state: RunState, meta: dict, finished: bool) -> list[Finding]:
+        """The findings on ``state`` (followed by :attr:`episodes`); ``meta``: the run's
+        ``meta.json`` (what ``run --settings`` expected); ``finished``: the run is over."""
+        key = (state.events, finished)
+        now = self._clock()
+        if self._findings is None or (key != self._key and (finished or now - self._at >= self.every_s)):
+            self._findings = diagnose(state, self.episodes, expected_of_meta(meta), live=not finished)
+            self._key, self._at = key, now
+        return self._findings

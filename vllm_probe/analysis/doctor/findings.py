@@ -62,7 +62,8 @@ class Finding:
             ids, counts; ``engine`` (data-parallel rank) when the run has several.
         remedy: what to change (None: no setting helps, or none is needed).
         predicted: with ``--whatif``: ``{"settings", "run_dir", "figures": {name:
-            {"recorded", "predicted", "unit"}}, "baseline_error"}``; else None.
+            {"recorded", "predicted", "unit"}}, "resolved", "baseline_error"}``
+            (:func:`vllm_probe.analysis.doctor.predict.attach`); else None.
     """
 
     id: str
@@ -71,6 +72,12 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict)
     remedy: Remedy | None = None
     predicted: dict[str, Any] | None = None
+
+    @property
+    def engine(self) -> int | None:
+        """The data-parallel rank the finding is about (``evidence["engine"]``); None: the
+        whole run."""
+        return self.evidence.get("engine")
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "severity": self.severity, "message": self.message, "evidence": self.evidence,

@@ -8,9 +8,11 @@ figures the finding is about, recorded against predicted, and the baseline repla
 error against the recorded run (how far to trust the prediction).
 
 The replay's result is read by name, as attributes or keys alike, in the shape of
-``vllm-probe whatif --json``: ``{"baseline": {"summary", "error"}, "configs":
+``vllm-probe whatif --json``: ``{"error", "baseline": {"summary"}, "configs":
 [{"settings", "run_dir", "summary"}]}``, one config per grid entry in grid order;
-``summary`` a :class:`~vllm_probe.analysis.summary.Summary` or its ``to_dict()``.
+``summary`` a :class:`~vllm_probe.analysis.summary.Summary` or its ``to_dict()``;
+``error`` the baseline's :func:`~vllm_probe.analysis.compare.relative_errors` against the
+recorded run (``{"figures": {label: {"error", "within", …}}, "within"}``).
 This module only calls the function it is given (the command passes the replay's), so
 the analysis stays free of the simulation.
 """
@@ -44,6 +46,13 @@ FIGURES: dict[str, tuple[tuple[str, str, str], ...]] = {
                                  ("KV re-read tokens", "chunking.reread_kv_tokens", "")),
     "config-not-applied": (("output tok/s", "output_tokens_per_s", ""), ("preemptions", "preemptions.count", ""),
                            ("TTFT p90", "latency.ttft_s.p90", "s")),
+}
+
+#: Findings whose remedy should bring a figure to a value: (figure name in
+#: :data:`FIGURES`, the value). The replay's answer is ``predicted["resolved"]``.
+GOALS: dict[str, tuple[str, float]] = {
+    "preemption-storm": ("preemptions", 0),
+    "preemption-thrash": ("worst request preempted", 0),
 }
 
 #: The replay's function: ``predict(run_dir, grid, out=None, jobs=1)``.
@@ -81,11 +90,13 @@ def attach(findings: list[Finding], recorded: Any, settings: list[dict[str, Any]
 
     ``recorded``: the run's own :class:`~vllm_probe.analysis.summary.Summary`.
     ``predicted`` is ``{"settings", "run_dir", "figures": {name: {"recorded",
-    "predicted", "unit"}}, "baseline_error"}``; a finding whose remedy the replay could
-    not run gets ``{"settings", "error"}``.
+    "predicted", "unit"}}, "resolved", "baseline_error"}``: ``resolved`` is whether the
+    replay reaches the finding's :data:`GOALS` (None: the finding has no goal);
+    ``baseline_error`` is :func:`baseline_error` of the replay. A finding whose remedy the
+    replay could not run gets ``{"settings", "error"}``.
     """
     configs = list(_get(result, "configs") or [])
-    baseline_error = _get(_get(result, "baseline"), "error")
+    errors = baseline_error(result)
     for f in findings:
         w = f.remedy.whatif if f.remedy is not None else None
         if not w:
@@ -102,8 +113,26 @@ def attach(findings: list[Finding], recorded: Any, settings: list[dict[str, Any]
         predicted = _get(config, "summary")
         figures = {name: {"recorded": figure_of(recorded, path), "predicted": figure_of(predicted, path), "unit": unit}
                    for name, path, unit in FIGURES.get(f.id, ())}
+        goal = GOALS.get(f.id)
+        reached = figures.get(goal[0], {}).get("predicted") if goal else None
         f.predicted = {"settings": dict(w), "run_dir": str(_get(config, "run_dir") or ""), "figures": figures,
-                       "baseline_error": _jsonable(baseline_error)}
+                       "resolved": None if goal is None or reached is None else reached <= goal[1],
+                       "baseline_error": errors}
+
+
+def baseline_error(result: Any) -> dict[str, Any] | None:
+    """How far the replay at the recorded settings is from the recorded run:
+    ``{"within": bool, "figures": {label: relative error or None}, "off": [labels past
+    their tolerance]}``; None when the result carries no such comparison."""
+    error = _get(result, "error")
+    if error is None:
+        error = _get(_get(result, "baseline"), "error")
+    if not isinstance(error, dict) or "figures" not in error:
+        return _jsonable(error)
+    rows = error["figures"]
+    return {"within": bool(error.get("within")),
+            "figures": {label: _jsonable(_get(row, "error")) for label, row in rows.items()},
+            "off": [label for label, row in rows.items() if not _get(row, "within")]}
 
 
 def _jsonable(v: Any) -> Any:
