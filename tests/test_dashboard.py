@@ -155,7 +155,7 @@ def test_budget_bar_and_chart_pieces():
     bar = budget_bar(prefill=500, decode=12, scheduled=512, budget=1024, width=20)
     assert bar.plain == "█" * 10 + "█" + "░" * 9  # 10 prefill cells, 1 decode cell, rest unused
     assert bar.spans[0].end == 10
-    from vllm_probe.analysis.state import StepRecord
+    from vllm_probe.analysis.engine_state import StepRecord
 
     recs = [StepRecord(i, float(i), 8, 8, 8, 0, 1, 0, 0.5, 1.0, 0, "token_budget") for i in range(3)]
     recs.append(StepRecord(3, 3.0, 2, 8, 0, 2, 1, 0, 0.5, 1.0, 0, "none"))

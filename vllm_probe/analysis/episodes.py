@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .requests import RequestState
-from .state import EngineState, RunState, StateListener
+from .engine_state import EngineState
+from .state import RunState, StateListener
 from .timeline import Ranked, StepRun
 
 #: Longest waits, repeated preemptions and preempting steps kept per engine core (the

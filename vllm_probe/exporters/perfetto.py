@@ -62,7 +62,9 @@ from typing import IO, Any, BinaryIO, Iterable
 from msgspec.json import Encoder
 
 from ..analysis.figures import unused_budget
-from ..analysis.state import DECODE, EngineState, RequestState, RunState, StateListener
+from ..analysis.engine_state import EngineState
+from ..analysis.requests import DECODE, RequestState
+from ..analysis.state import RunState, StateListener
 from ..runs.reader import ReadStats, iter_run
 from ..runs.rundir import NoEventsError, event_files, read_meta
 from ..schema.records import from_dict

@@ -40,7 +40,8 @@ from ..analysis.figures import (
     BUDGET_USE_BOUNDS, CHUNKS_PER_PROMPT_BOUNDS, STEP_TOKENS_BOUNDS, Buckets, budget_use,
 )
 from ..analysis.doctor import LiveDiagnosis
-from ..analysis.state import EngineState, RunState
+from ..analysis.engine_state import EngineState
+from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
 from ..analysis.summary import CONFIG_KEYS
 from ..runs.reader import Follower, ReadStats, record_ts

@@ -10,7 +10,8 @@ from typing import Any, Iterable, Sequence
 
 from rich.text import Text
 
-from ..analysis.state import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, StepRecord
+from ..analysis.engine_state import StepRecord
+from ..analysis.requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING
 
 #: Colours: the same figure has the same colour in every panel and chart.
 PREFILL_STYLE = "cyan"

@@ -41,7 +41,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.figures import budget_use, share
-from ..analysis.state import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, EngineState, RequestState, RunState, WindowStats
+from ..analysis.engine_state import EngineState, WindowStats
+from ..analysis.requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, RequestState
+from ..analysis.state import RunState
 from ..runs.reader import ReadStats
 from ..schema.records import EngineConfigEvent, StepEvent
 from .charts import (

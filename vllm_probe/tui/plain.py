@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..analysis.figures import budget_use
-from ..analysis.state import OTHER_REASON, RunState
+from ..analysis.engine_state import OTHER_REASON
+from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
 from .format import pct
 

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.episodes import Moment
-from ..analysis.state import EngineState, StepRecord
+from ..analysis.engine_state import EngineState, StepRecord
 from ..analysis.timeline import Timeline
 from .charts import (
     DECODE_STYLE, KV_STYLE, PREEMPT_STYLE, PREFILL_STYLE, WAITING_STYLE, bucket_steps, line, spark, token_chart,

@@ -23,7 +23,8 @@ from typing import Any, Callable
 from ..episodes import SHORT_PROMPT_SHARE, EngineEpisodes, Episodes, Wait
 from ..expected import DIFFERS, NOT_RECORDED, NOT_V1, SettingCheck
 from ..figures import Distribution, budget_use_counts
-from ..state import EngineState, RunState
+from ..engine_state import EngineState
+from ..state import RunState
 from .findings import CRITICAL, INFO, WARNING, Finding, Remedy
 
 # -- thresholds ----------------------------------------------------------------------------
