@@ -64,8 +64,8 @@ def test_plain_line_names_the_reason_and_never_prints_an_unknown_one():
         state.apply(ev)
         if (line := fmt.format(ev)) is not None:
             lines.append(line)
-    assert "run 1 wait 2 (head: kv_cache) | kv 50% |" in lines[2]
-    assert "run 1 wait 0 | kv 50% |" in lines[5]
+    assert "run 1 wait 2 (head: kv_cache) | kv 50% free 10 blk |" in lines[2]
+    assert "run 1 wait 0 | kv 50% free 10 blk |" in lines[5]
     assert "(head: other)" in lines[8] and "a_newer_reason" not in lines[8]
 
 

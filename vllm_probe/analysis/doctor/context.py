@@ -1,0 +1,86 @@
+"""What the doctor's rules read (:class:`Context`), the sources they cite, and the
+small helpers they share (numbers in messages read as :mod:`vllm_probe.tui.format`
+writes them; a test keeps them equal)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine_state import EngineState
+from ..episodes import EngineEpisodes, Episodes
+from ..expected import SettingCheck
+from ..state import RunState
+
+# -- sources the rules cite -------------------------------------------------------------------
+
+#: Sources, cited by the remedies.
+SRC_VLLM_PREEMPTION = "vLLM tuning guide, Preemption (docs/configuration/optimization.md)"
+SRC_VLLM_CHUNKED = "vLLM tuning guide, Chunked Prefill (docs/configuration/optimization.md)"
+SRC_SGLANG = "SGLang hyperparameter tuning guide (#queue-req, token usage)"
+SRC_SEED_34 = "seed notes §3.4: later chunks re-read the KV of the earlier ones"
+SRC_SEED_5 = "seed notes §5: command-line flags win over config files"
+SRC_FULL_ISL = "vLLM 0.19+ scheduler_reserve_full_isl (vllm/v1/core/sched/scheduler.py)"
+SRC_ASYNC = "vLLM AsyncScheduler: a finished request's slot frees one step later (vllm/v1/core/sched/async_scheduler.py)"
+
+
+@dataclass
+class Context:
+    """What the rules read.
+
+    Attributes:
+        state: the run's state, events applied.
+        episodes: the :class:`Episodes` that followed it.
+        expected: the user's expected settings against ``engine_config`` (``--expect``,
+            or ``meta.json["expected"]``); None: nothing to check.
+        expected_source: the file they came from.
+        live: the run is still going (a stall at the end is not yet "never drains").
+    """
+
+    state: RunState
+    episodes: Episodes
+    expected: list[SettingCheck] | None = None
+    expected_source: str | None = None
+    live: bool = False
+    not_checked: dict[str, str] = field(default_factory=dict)  # rule id -> why (filled by rules)
+
+
+# A finding's message is part of ``--json``, so it is written here, not in a view; its
+# numbers read as tui.format.pct and tui.format.count have them (a test keeps them equal).
+def fmt_pct(v: float) -> str:
+    return f"{100 * v:.1f}%" if 0 < v < 0.1 else f"{100 * v:.0f}%"
+
+
+def fmt_count(v: int | float) -> str:
+    return f"{int(v):,}"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def engine_evidence(ctx: Context, eng: EngineState) -> dict[str, Any]:
+    return {"engine": eng.engine} if len(ctx.state.engines) > 1 else {}
+
+
+def engines_of(ctx: Context) -> list[tuple[EngineState, EngineEpisodes]]:
+    return [(ctx.state.engines[i], ctx.episodes.of(ctx.state.engines[i])) for i in ctx.state.engine_ids()]
+
+
+def wrote(eng: EngineState, name: str) -> bool:
+    """Whether the engine core wrote ``name`` events (its ``engine_config.flags``; True when unknown)."""
+    flags = eng.config.flags if eng.config is not None else None
+    return not isinstance(flags, dict) or flags.get(name, True) is not False
+
+
+def pct_range(values: list[float]) -> str:
+    lo, hi = fmt_pct(min(values)), fmt_pct(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def rounded(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def round_up(v: int, to: int) -> int:
+    return cdiv(v, to) * to
