@@ -46,7 +46,7 @@ from typing import Any
 
 from .. import __version__
 from ..analysis.compare import relative_errors
-from ..analysis.summary import Summary, summarize
+from ..analysis.summary import Summary, analyze_story
 from ..analysis.workload import Workload, WorkloadError, load_workload
 from ..engine.sink import EventSink
 from ..runs.rundir import read_meta, write_meta
@@ -222,13 +222,18 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
         tasks.insert(0, _Task(recorded_w, model, {}, settings, spec, out / "baseline", "timed",
                               str(run_dir), ["vllm-probe", "whatif", str(run_dir)]))
     results = _run_all(tasks, jobs)
-    recorded = summarize(run_dir)
+    recorded = _summary(run_dir)
     self_replay = results[0]
     error = relative_errors(recorded, self_replay.summary, BASELINE_TOLERANCES)
     if trace is not None:
         results = results[1:]
     return WhatifResult(str(trace or run_dir), model, recorded, results[0], error, results[1:], notes,
                         like=str(run_dir) if trace is not None else None)
+
+
+def _summary(run_dir: Path) -> Summary:
+    """The run's summary as ``vllm-probe summary --json`` has it (notable moments included)."""
+    return analyze_story(run_dir)[1]
 
 
 def _notes(w: Workload) -> list[str]:
@@ -341,7 +346,7 @@ def _run(task: _Task) -> ConfigResult:
         "whatif": {"mode": task.mode, "lag_s": task.workload.lag_s(), "model": task.model.to_dict(),
                    "replay": replay_info, "spec": asdict(task.spec) | {"model_dir": None}},
     })
-    return ConfigResult(task.settings, task.overrides, run_dir, summarize(run_dir), replay_info)
+    return ConfigResult(task.settings, task.overrides, run_dir, _summary(run_dir), replay_info)
 
 
 __all__ = ["BASELINE_TOLERANCES", "ConfigResult", "SettingError", "WhatifError", "WhatifResult",
