@@ -39,11 +39,11 @@ def test_counts_per_engine_and_per_span():
 
 
 def test_spans_merge_their_counts():
-    from vllm_probe.analysis.timeline import Timeline
-
-    tl = Timeline(max_spans=2)
+    s = Stream(pid=10)
+    s.config(100.0, budget=8, max_num_seqs=4)
     for i, reason in enumerate(("kv_cache", "kv_cache", "token_budget")):
-        tl.add(i, 100.0 + i, 4, 8, 4, 0, 1, 1, 0.5, 0, "kv_cache", reason)
+        s.step(101.0 + i, i, 8, prefill=4, running=1, waiting=1)["head_blocked_by"] = reason
+    tl = RunState(timeline_spans=2).apply_all(s.events).engines[0].timeline
     assert tl.width == 2 and [sp.head_blocked for sp in tl] == [{"kv_cache": 2}, {"token_budget": 1}]
 
 

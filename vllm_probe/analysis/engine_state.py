@@ -117,6 +117,14 @@ class EngineState:
     scheduled_tokens: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    #: sums over the steps, for the timeline's spans: token budgets (tokens), running and
+    #: waiting after each step (requests), KV use (0..1 per step), and the steps that
+    #: scheduled nothing while requests waited
+    budget_total: int = 0
+    running_total: int = 0
+    waiting_total: int = 0
+    kv_total: float = 0.0
+    idle_waiting_steps: int = 0
     schedule_us_total: float = 0.0
     schedule_us_max: float = 0.0
     #: seconds inside ``schedule()`` per step (steps with ``schedule_us``)
@@ -195,7 +203,7 @@ class EngineState:
         self._seen_max_tokens, self._seen_temperature, self._seen_top_p = (
             self.sampling_seen[name] for name in SAMPLING_FIELDS)
         self.window = deque(maxlen=self.step_window)
-        self.timeline = Timeline(self.timeline_spans)
+        self.timeline = Timeline(self, self.timeline_spans)
         self.recent_preempts = deque(maxlen=PREEMPT_KEEP)
         self.finished = deque(maxlen=self.finished_keep)
 

@@ -194,16 +194,23 @@ class EngineEpisodes:
         top = heapq.nlargest(n, by.items(), key=lambda kv: (kv[1], kv[0]))
         return [(rid, t, prompt.get(rid) or None) for rid, t in top], total, complete
 
-    def first_chunk_step(self, req_id: str) -> int | None:
-        """The step of ``req_id``'s first prefill chunk: from the state when it is known
-        there, else the oldest one in the chunk ring (None: not seen)."""
-        req = self.eng.requests.get(req_id)
-        if req is not None and req.first_scheduled_step is not None:
-            return req.first_scheduled_step
-        for step, rid, _, _ in self._ring:
-            if rid == req_id:
-                return step
-        return None
+    def first_chunk_steps(self, req_ids: list[str]) -> list[int | None]:
+        """The step of each request's first prefill chunk: from the state when it is known
+        there, else the oldest one in the chunk ring (one pass over it for all of them;
+        None: not seen)."""
+        found: dict[str, int | None] = {}
+        for rid in req_ids:
+            req = self.eng.requests.get(rid)
+            found[rid] = req.first_scheduled_step if req is not None else None
+        missing = {rid for rid, step in found.items() if step is None}
+        if missing:
+            for step, rid, _, _ in self._ring:
+                if rid in missing:
+                    found[rid] = step
+                    missing.discard(rid)
+                    if not missing:
+                        break
+        return [found[rid] for rid in req_ids]
 
     def block_takers(self, run: StepRun, n: int = 2) -> list[tuple[str, int, int | None]]:
         """The ``n`` requests with the most prefill tokens in a prefill block."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 WAITING, PREFILL, DECODE, PREEMPTED, FINISHED = "waiting", "prefill", "decode", "preempted", "finished"
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestState:
     """What is known of one request. Times are epoch seconds; None until known."""
 

@@ -23,6 +23,7 @@ from .engine_state import (
     _KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
 )
 from .figures import bound_by, chunk_reread_tokens, preempt_reason, share
+from .timeline import FULL_BUDGET_SHARE, MAX_SPANS
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, RequestState
 
 
@@ -34,6 +35,7 @@ class RunState:
         finished_keep: finished requests kept per engine (request table).
         on_request_finished: called with each :class:`RequestState` as it finishes.
         listener: a :class:`StateListener` told of every transition.
+        timeline_spans: spans each engine core's timeline keeps (:class:`~vllm_probe.analysis.timeline.Timeline`).
     """
 
     def __init__(
@@ -42,15 +44,15 @@ class RunState:
         finished_keep: int = FINISHED_KEEP,
         on_request_finished: Callable[[RequestState], None] | None = None,
         listener: "StateListener | None" = None,
+        timeline_spans: int = MAX_SPANS,
     ) -> None:
         self.engines: dict[int, EngineState] = {}
         self.step_window = step_window
         self.finished_keep = finished_keep
+        self.timeline_spans = timeline_spans
         self.on_request_finished = on_request_finished
         self.listener = listener
         self.events = 0
-        self.first_ts: float | None = None
-        self.last_ts: float | None = None
         self._handlers = {  # by Struct class (vllm_probe.schema.records)
             STRUCTS["engine_config"]: self._engine_config,
             STRUCTS["step"]: self._step,
@@ -64,7 +66,7 @@ class RunState:
     def engine(self, idx: int) -> EngineState:
         eng = self.engines.get(idx)
         if eng is None:
-            eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep)
+            eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep, self.timeline_spans)
         return eng
 
     def apply(self, ev) -> None:
@@ -89,21 +91,26 @@ class RunState:
             eng.last_ts = ts
         elif ts < eng.first_ts:
             eng.first_ts = ts
-        if self.last_ts is None:
-            self.first_ts = self.last_ts = ts
-        elif ts > self.last_ts:
-            self.last_ts = ts
-        elif ts < self.first_ts:
-            self.first_ts = ts
         self.events += 1
         handler(eng, ev)
 
     def apply_all(self, events) -> "RunState":
+        apply = self.apply
         for ev in events:
-            self.apply(ev)
+            apply(ev)
         return self
 
     # -- totals across engines ----------------------------------------------------------
+
+    @property
+    def first_ts(self) -> float | None:
+        """The earliest event time of any engine core (epoch s; None before the first event)."""
+        return min((e.first_ts for e in self.engines.values() if e.first_ts is not None), default=None)
+
+    @property
+    def last_ts(self) -> float | None:
+        """The latest event time of any engine core (epoch s; None before the first event)."""
+        return max((e.last_ts for e in self.engines.values() if e.last_ts is not None), default=None)
 
     def total(self, attr: str) -> int | float:
         return sum(getattr(e, attr) for e in self.engines.values())
@@ -144,6 +151,10 @@ class RunState:
         step = ev.step
         if step is None:
             step = eng.last_step + 1
+        timeline = eng.timeline  # fed as Timeline's docstring says: a span opens before its first step counts
+        if not timeline.left:
+            timeline.open_span(step, ev.ts)
+        timeline.left -= 1
         if step > eng.last_step:
             eng.last_step = step
         eng.latest = ev
@@ -169,11 +180,11 @@ class RunState:
         running = ev.running or 0
         preempted = ev.preempted
         n_preempted = len(preempted) if preempted else 0
-        eng.step_preemptions += n_preempted
         key = (running, waiting)
         hist = eng.queue_steps
         hist[key] = hist.get(key, 0) + 1
         if n_preempted:
+            eng.step_preemptions += n_preempted
             hist = eng.preempted_steps
             hist[n_preempted] = hist.get(n_preempted, 0) + 1
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
@@ -185,8 +196,21 @@ class RunState:
             counts = eng.head_blocked_counts
             counts[blocked] = counts.get(blocked, 0) + 1
         kv = ev.kv_usage or 0.0
-        eng.timeline.add(step, ts, scheduled, budget or 0, prefill or 0, decode or 0, running, waiting, kv,
-                         n_preempted, bound, blocked)
+        eng.budget_total += budget or 0
+        eng.running_total += running
+        eng.waiting_total += waiting
+        eng.kv_total += kv
+        if running > timeline.running_max:
+            timeline.running_max = running
+        if waiting > timeline.waiting_max:
+            timeline.waiting_max = waiting
+        if kv > timeline.kv_max:
+            timeline.kv_max = kv
+        if waiting and not scheduled:
+            eng.idle_waiting_steps += 1
+        # only a stall, a full-budget step or an open run can start, extend or end a run
+        if timeline.runs_open or (waiting and (not scheduled or (budget and scheduled >= FULL_BUDGET_SHARE * budget))):
+            timeline.runs(step, scheduled, budget or 0, prefill or 0, waiting, blocked)
         if self.step_window:
             eng.window.append(StepRecord(
                 step, ts, scheduled, budget or 0, prefill, decode, running, waiting, kv, schedule_us,

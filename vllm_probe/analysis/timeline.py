@@ -176,90 +176,119 @@ class Span:
             self.head_blocked[k] = self.head_blocked.get(k, 0) + n
 
 
+#: The engine core's cumulative per-step sums (attributes of
+#: :class:`~vllm_probe.analysis.engine_state.EngineState`) and the :class:`Span` field each
+#: one's difference fills.
+SUMS = (("steps", "steps"), ("scheduled_tokens", "scheduled"), ("budget_total", "budget"),
+        ("prefill_tokens", "prefill"), ("decode_tokens", "decode"), ("running_total", "running_sum"),
+        ("waiting_total", "waiting_sum"), ("kv_total", "kv_sum"), ("step_preemptions", "preemptions"),
+        ("idle_waiting_steps", "idle_waiting"))
+_SUM_ATTRS = tuple(a for a, _ in SUMS)
+
+
 class Timeline:
     """Every step of one engine core in at most ``max_spans`` spans of ``width`` steps.
 
+    The engine core's state already keeps cumulative sums per step (tokens, queue lengths,
+    KV use, steps per limit and per ``head_blocked_by`` reason: :data:`SUMS`); a span is
+    the difference of those sums between its first step and the next span's, so the
+    per-step cost is the maxima of the open span and the stall / prefill-block runs.
+    :class:`~vllm_probe.analysis.state.RunState` feeds it, in this order, for each step
+    before counting it: :meth:`open_span` when :attr:`left` is 0, then ``left -= 1``; and
+    after counting it, the maxima (``running_max``, ``waiting_max``, ``kv_max``) and
+    :meth:`runs` when requests wait or a run is open (:attr:`runs_open`).
+
     Args:
+        totals: the engine core's state (its :data:`SUMS`, ``bound_counts``,
+            ``head_blocked_counts``, ``last_step`` and ``last_step_ts``).
         max_spans: spans kept (>= 2); the width doubles whenever they would be exceeded.
     """
 
-    def __init__(self, max_spans: int = MAX_SPANS) -> None:
+    def __init__(self, totals: Any, max_spans: int = MAX_SPANS) -> None:
+        self.totals = totals
         self.max_spans = max(max_spans, 2)
         self.width = 1  # steps per span
-        self.spans: list[Span] = []
+        self.closed: list[Span] = []
+        #: steps the open span still takes (0: the next step opens a span)
+        self.left = 0
+        #: the open span's maxima so far (requests, requests, KV use 0..1)
+        self.running_max = self.waiting_max = 0
+        self.kv_max = 0.0
+        self._open: tuple | None = None  # first step, its ts, the sums and counts before it
         #: steps that scheduled nothing while requests waited
         self.stalls = StepRuns()
         #: steps whose full budget went to prefill while requests waited
         self.prefill_blocks = StepRuns()
+        self.runs_open = False  # a stall or a prefill block is open
 
-    def add(self, step: int, ts: float, scheduled: int, budget: int, prefill: int, decode: int, running: int,
-            waiting: int, kv_usage: float, preempted: int, bound: str, head_blocked: str | None = None) -> None:
-        """One step (the fields of its ``step`` event, ``preempted`` as a count, its
-        binding limit, :func:`vllm_probe.analysis.figures.bound_by`, and its
-        ``head_blocked_by``, None when absent)."""
-        spans = self.spans
-        span = spans[-1] if spans else None
-        if span is None or span.steps >= self.width:
-            if len(spans) == self.max_spans:
+    def open_span(self, step: int, ts: float) -> None:
+        """Close the open span at the last step counted and open one at ``step``
+        (before ``step`` is counted in the sums)."""
+        t = self.totals
+        if self._open is not None:
+            self.closed.append(self._span(t.last_step, t.last_step_ts))
+            if len(self.closed) == self.max_spans:
                 self._halve()
-                spans = self.spans
-            span = Span(step, step, ts, ts)
-            spans.append(span)
-        span.last_step, span.last_ts = step, ts
-        span.steps += 1
-        span.scheduled += scheduled
-        span.budget += budget
-        span.prefill += prefill
-        span.decode += decode
-        span.running_sum += running
-        if running > span.running_max:
-            span.running_max = running
-        span.waiting_sum += waiting
-        if waiting > span.waiting_max:
-            span.waiting_max = waiting
-        span.kv_sum += kv_usage
-        if kv_usage > span.kv_max:
-            span.kv_max = kv_usage
-        span.preemptions += preempted
-        if waiting and not scheduled:
-            span.idle_waiting += 1
-        span.bound[bound] = span.bound.get(bound, 0) + 1
-        if head_blocked is not None:
-            span.head_blocked[head_blocked] = span.head_blocked.get(head_blocked, 0) + 1
+        self._open = (step, ts, tuple(getattr(t, a) for a in _SUM_ATTRS), dict(t.bound_counts),
+                      dict(t.head_blocked_counts))
+        self.left = self.width
+        self.running_max = self.waiting_max = 0
+        self.kv_max = 0.0
+
+    def runs(self, step: int, scheduled: int, budget: int, prefill: int, waiting: int, head_blocked: str | None) -> None:
+        """Extend or close the stall and prefill-block runs with one step (its tokens, the
+        requests waiting after it, its ``head_blocked_by``)."""
         if waiting:
             if not scheduled:
                 run = self.stalls.extend(step, waiting)
                 if head_blocked is not None:
                     run.reasons[head_blocked] = run.reasons.get(head_blocked, 0) + 1
-                if self.prefill_blocks.open is not None:
+                self.prefill_blocks.close()
+            else:
+                self.stalls.close()
+                if budget and scheduled >= FULL_BUDGET_SHARE * budget and prefill >= PREFILL_STEP_SHARE * scheduled:
+                    self.prefill_blocks.extend(step, waiting)
+                else:
                     self.prefill_blocks.close()
-                return
-            if self.stalls.open is not None:
-                self.stalls.close()
-            if budget and scheduled >= FULL_BUDGET_SHARE * budget and prefill >= PREFILL_STEP_SHARE * scheduled:
-                self.prefill_blocks.extend(step, waiting)
-            elif self.prefill_blocks.open is not None:
-                self.prefill_blocks.close()
         else:
-            if self.stalls.open is not None:
-                self.stalls.close()
-            if self.prefill_blocks.open is not None:
-                self.prefill_blocks.close()
+            self.stalls.close()
+            self.prefill_blocks.close()
+        self.runs_open = self.stalls.open is not None or self.prefill_blocks.open is not None
+
+    def _span(self, last_step: int, last_ts: float) -> Span:
+        """The open span as it stands (the sums now minus the sums at its start)."""
+        t = self.totals
+        first_step, first_ts, sums, bound, blocked = self._open
+        span = Span(first_step, last_step, first_ts, last_ts, running_max=self.running_max,
+                    waiting_max=self.waiting_max, kv_max=self.kv_max,
+                    bound={k: n - bound.get(k, 0) for k, n in t.bound_counts.items() if n - bound.get(k, 0)},
+                    head_blocked={k: n - blocked.get(k, 0) for k, n in t.head_blocked_counts.items()
+                                  if n - blocked.get(k, 0)})
+        for (attr, name), before in zip(SUMS, sums):
+            setattr(span, name, getattr(t, attr) - before)
+        return span
 
     def _halve(self) -> None:
-        """Merge neighbouring spans: half as many, twice as wide."""
-        spans = self.spans
+        """Merge neighbouring closed spans: half as many, twice as wide."""
+        spans = self.closed
         merged = []
         for i in range(0, len(spans), 2):
             span = spans[i]
             if i + 1 < len(spans):
                 span.merge(spans[i + 1])
             merged.append(span)
-        self.spans = merged
+        self.closed = merged
         self.width *= 2
+
+    @property
+    def spans(self) -> list[Span]:
+        """The spans, first to last, the open one as it stands."""
+        if self._open is None:
+            return list(self.closed)
+        return self.closed + [self._span(self.totals.last_step, self.totals.last_step_ts)]
 
     def __iter__(self) -> Iterator[Span]:
         return iter(self.spans)
 
     def __len__(self) -> int:
-        return len(self.spans)
+        return len(self.closed) + (self._open is not None)

@@ -221,7 +221,7 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
         # the long requests ran before the short ones arrived (a running long prefill: a chunk
         # cap lets the short ones in beside it) or were queued ahead of them (then only a larger
         # budget, or priority, gets the short ones in sooner)
-        starts = [ep.first_chunk_step(rid) for rid in names]
+        starts = ep.first_chunk_steps(names)
         arrived = min(w.arrival_step for w in waits)
         running_before = all(s is not None and s < arrived for s in starts)
         short_total = sum(w.prompt_len or 0 for w in waits)
