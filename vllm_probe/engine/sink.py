@@ -375,16 +375,19 @@ class EventSink:
             self.dropped_io += counted
             self._fail(f"cannot write {self.path}: {getattr(e, 'strerror', None) or e}")
 
+    def _close_file(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:  # a full disk at the last flush: nothing left to do with it
+                pass
+            self._file = None
+
     def _fail(self, why: str) -> None:
         if self._failure is None:
             self._failure = why
             logger.warning("vllm-probe: %s; events are dropped and counted from now on", why)
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
+        self._close_file()
 
     def _run(self) -> None:
         while True:
@@ -476,12 +479,7 @@ class EventSink:
                     self.written, self.dropped, self._failure or "queue full",
                 )
         finally:
-            if self._file is not None:
-                try:
-                    self._file.close()
-                except OSError:
-                    pass
-                self._file = None
+            self._close_file()
 
 
 def _open_private(path: Path):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from rich.table import Table
 from rich.text import Text
 
 from ..analysis.engine_state import StepRecord
 from ..analysis.requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING
+from .format import count
 
 #: Colours: the same figure has the same colour in every panel and chart.
 PREFILL_STYLE = "cyan"
@@ -116,6 +118,29 @@ def token_chart(recs: Sequence[StepRecord], rows: int) -> list[Text]:
                 t.append(_EIGHTHS[pf], PREFILL_STYLE)
         lines.append(t)
     return lines
+
+
+#: Width of a chart's label column (characters).
+CHART_LABEL_W = 9
+
+
+def chart_grid() -> Table:
+    """An empty chart: a right-aligned label column of :data:`CHART_LABEL_W`, then the
+    columns of steps (cropped, never wrapped)."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=CHART_LABEL_W, justify="right", no_wrap=True)
+    grid.add_column(no_wrap=True, overflow="crop")
+    return grid
+
+
+def add_token_chart(grid: Table, recs: Sequence[StepRecord], rows: int) -> None:
+    """:func:`token_chart` of ``recs`` in ``rows`` rows of ``grid``, labelled with the
+    token budget at the top and ``0 tok`` at the bottom."""
+    budget = max((r.budget for r in recs), default=0)
+    chart = token_chart(recs, rows)
+    for i, row in enumerate(chart):
+        label = count(budget) if i == 0 else ("0 tok" if i == len(chart) - 1 else "")
+        grid.add_row(Text(label, style="dim"), row)
 
 
 def spark(values: Iterable[float], top: float, style: str) -> Text:

@@ -48,8 +48,8 @@ from ..runs.reader import ReadStats
 from ..schema.records import EngineConfigEvent, StepEvent
 from .charts import (
     DECODE_STYLE, KV_STYLE, LIMIT_LABEL, PHASE_STYLE, PREEMPT_STYLE, PREFILL_STYLE, REASON_LABEL, WAITING_STYLE,
-    WARN_STYLE,
-    bucket_steps, budget_bar, line, sep, spark, token_chart,
+    WARN_STYLE, CHART_LABEL_W,
+    add_token_chart, bucket_steps, budget_bar, chart_grid, line, sep, spark,
 )
 from .format import UNKNOWN, count, duration, kv_capacity, micros, pct
 
@@ -294,28 +294,21 @@ def current_multi_panel(engines: list[EngineState], width: int) -> tuple[Panel, 
 
 def chart_panel(engines: list[EngineState], width: int, rows: int, chart_steps: int | None = None) -> tuple[Panel, int]:
     """Rolling chart panel; ``rows`` is the panel's height (borders included)."""
-    label_w = 9
-    steps_w = max(width - 4 - label_w - 1, 5)
+    steps_w = max(width - 4 - CHART_LABEL_W - 1, 5)
     per_engine = 2 if len(engines) == 1 else 3  # kv + waiting (+ engine label)
     body = rows - 3  # borders + legend
     tok_rows = max((body - per_engine * len(engines)) // len(engines), CHART_MIN_ROWS)
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=label_w, justify="right", no_wrap=True)
-    grid.add_column(no_wrap=True, overflow="crop")
+    grid = chart_grid()
     shown = 0
     used = 0
     for eng in engines:
         if used + tok_rows + per_engine - 1 > body:
             break
         recs = bucket_steps(list(eng.window)[-(chart_steps or steps_w):], steps_w)
-        budget = max((r.budget for r in recs), default=0)
         if len(engines) > 1:
             grid.add_row(Text(f"dp {eng.engine}", style="bold"), Text(""))
             used += 1
-        chart = token_chart(recs, tok_rows)
-        for i, row in enumerate(chart):
-            label = count(budget) if i == 0 else ("0 tok" if i == len(chart) - 1 else "")
-            grid.add_row(Text(label, style="dim"), row)
+        add_token_chart(grid, recs, tok_rows)
         kv_line = spark([r.kv_usage for r in recs], 1.0, KV_STYLE)
         max_wait = max((r.waiting for r in recs), default=0)
         wait_line = spark([r.waiting for r in recs], max_wait, WAITING_STYLE)

@@ -16,14 +16,14 @@ from typing import Sequence
 
 from rich.console import Group
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from ..analysis.episodes import Moment
 from ..analysis.engine_state import EngineState, StepRecord
 from ..analysis.timeline import Timeline
 from .charts import (
-    DECODE_STYLE, KV_STYLE, PREEMPT_STYLE, PREFILL_STYLE, WAITING_STYLE, bucket_steps, line, spark, token_chart,
+    CHART_LABEL_W, DECODE_STYLE, KV_STYLE, PREEMPT_STYLE, PREFILL_STYLE, WAITING_STYLE, add_token_chart,
+    bucket_steps, chart_grid, line, spark,
 )
 from .format import count
 
@@ -47,14 +47,11 @@ def span_records(timeline: Timeline) -> list[StepRecord]:
 
 def overview_panel(engines: list[EngineState], width: int, rows: int) -> tuple[Panel, int]:
     """The whole run, every step, in a panel of ``rows`` lines (borders included)."""
-    label_w = 9
-    cols = max(width - 4 - label_w - 1, 5)
+    cols = max(width - 4 - CHART_LABEL_W - 1, 5)
     per_engine = 5 if len(engines) == 1 else 6  # KV, running, waiting, preemptions, axis (+ label)
     body = rows - 3
     tok_rows = max((body - per_engine * len(engines)) // max(len(engines), 1), 2)
-    grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=label_w, justify="right", no_wrap=True)
-    grid.add_column(no_wrap=True, overflow="crop")
+    grid = chart_grid()
     used = 0
     steps_total = 0
     for eng in engines:
@@ -64,12 +61,10 @@ def overview_panel(engines: list[EngineState], width: int, rows: int) -> tuple[P
         if not recs:
             continue
         steps_total = max(steps_total, eng.steps)
-        budget = max((r.budget for r in recs), default=0)
         if len(engines) > 1:
             grid.add_row(Text(f"dp {eng.engine}", style="bold"), Text(""))
             used += 1
-        for i, row in enumerate(token_chart(recs, tok_rows)):
-            grid.add_row(Text(count(budget) if i == 0 else ("0 tok" if i == tok_rows - 1 else ""), style="dim"), row)
+        add_token_chart(grid, recs, tok_rows)
         top_run = max((r.running for r in recs), default=0)
         top_wait = max((r.waiting for r in recs), default=0)
         grid.add_row(Text("KV", style=KV_STYLE), spark([r.kv_usage for r in recs], 1.0, KV_STYLE))
@@ -92,7 +87,8 @@ def overview_panel(engines: list[EngineState], width: int, rows: int) -> tuple[P
 def _axis(recs: Sequence[StepRecord], eng: EngineState) -> Text:
     """Step numbers under the first, middle and last columns."""
     n = len(recs)
-    first = eng.timeline.spans[0].first_step if eng.timeline.spans else 0
+    spans = eng.timeline.spans
+    first = spans[0].first_step if spans else 0
     cells = [" "] * n
     for pos, value in ((0, first), (n // 2, recs[n // 2].step), (n - 1, recs[-1].step)):
         label = str(value)
