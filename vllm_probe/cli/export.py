@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..exporters.base import ExportError, exporters
+from ..exporters import exporters
+from ..exporters.base import ExportError
 from ..exporters.jsonl import Filters
 from ..runs.ids import resolve_request_id
 from ..runs.reader import ReadStats

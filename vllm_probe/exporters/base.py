@@ -1,9 +1,9 @@
-"""What an export format is, the registry of formats, and where their output goes.
+"""What an export format is, and where its output goes.
 
 An exporter turns a run directory into one file (``vllm-probe export --format NAME``).
 A new format is one module with a class following :class:`Exporter`, registered in
-:data:`EXPORTERS` (see docs/architecture.md); the CLI lists the registry, so nothing
-else changes.
+:func:`vllm_probe.exporters.exporters` (see docs/architecture.md); the CLI lists the
+registry, so nothing else changes.
 
 Output (:func:`output_stream`): a path, a ``.gz`` path (gzip-compressed), or ``-`` for
 stdout; writes are buffered (1 MiB).
@@ -73,22 +73,6 @@ class Exporter(Protocol):
             OSError: the output cannot be written.
         """
         ...
-
-
-#: The formats, by ``--format`` name (filled by :func:`exporters`).
-EXPORTERS: dict[str, Exporter] = {}
-
-
-def exporters() -> dict[str, Exporter]:
-    """The registry of formats, by name (loaded on first use)."""
-    if not EXPORTERS:
-        from .jsonl import JsonlExporter
-        from .perfetto import PerfettoExporter
-        from .trace import TraceExporter
-
-        for exporter in (JsonlExporter(), PerfettoExporter(), TraceExporter()):
-            EXPORTERS[exporter.name] = exporter
-    return EXPORTERS
 
 
 @contextmanager
