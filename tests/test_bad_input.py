@@ -26,6 +26,10 @@ BAD_LINES = [
     '{"event": "step", "ts": Infinity, "engine": 0, "step": 9}\n',
     '{"event": "request_added", "ts": 100.41, "engine": 0, "req_id": "Z", "arrival_ts": NaN}\n',
     '{"event": "step", "ts": 100.42, "engine": 0, "x": ' + "[" * 5000 + "]" * 5000 + "}\n",
+    # well-typed but out of range: a step from 1970 with negative tokens, a share above 1
+    '{"event": "step", "ts": 1, "engine": 0, "step": 5000, "scheduled_tokens": -5, "token_budget": 0}\n',
+    '{"event": "step", "ts": 100.43, "engine": 0, "step": 9, "kv_usage": 1.5}\n',
+    '{"event": "preempt", "ts": 100.44, "engine": 0, "req_id": "R", "discarded_tokens": -100}\n',
 ]
 
 METAS = {

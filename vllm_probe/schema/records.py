@@ -11,27 +11,43 @@ A record's kind is its class attribute ``kind`` (the line's ``event``). Every fi
 ``event``, ``ts`` and ``req_id`` is optional: absent (or null) reads as None, and
 ``engine`` as 0 (a null ``engine`` through the reader's slow path). Unknown fields are
 ignored (a newer schema may add some). A value of the wrong JSON type (a string where
-an int belongs, ``true`` for a count) fails validation, so no consumer ever does
+an int belongs, ``true`` for a count) fails validation, and so does a value out of its
+range (a negative count, time or step; a share above 1), so no consumer ever does
 arithmetic on it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import msgspec
 
 from .events import COMMON_FIELDS, KINDS
 
 _TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]": list[str], "object": Any}
+#: Values that cannot be negative (counts, sizes, times, steps) or exceed 1 (shares): a
+#: line with one out of range fails validation like a wrong type, so no figure is built
+#: on it. ``priority`` is any integer (vLLM: lower runs first).
+_NON_NEGATIVE = msgspec.Meta(ge=0)
+_SHARE = msgspec.Meta(ge=0, le=1)
+_SIGNED = {"priority", "temperature", "top_p"}
+
+
+def _type(field) -> Any:
+    """The field's Python type, with its range (:data:`_NON_NEGATIVE`, :data:`_SHARE`)."""
+    base = _TYPES[field.type]
+    if field.type not in ("int", "float") or field.name in _SIGNED:
+        return base
+    return Annotated[base, _SHARE if field.unit == "0..1" else _NON_NEGATIVE]
 
 
 def _struct(kind) -> type:
     """The Struct of one :class:`~vllm_probe.schema.events.EventKind`: common fields, then the
     kind's, in schema order. ``gc=False``: an event holds JSON values only, never a cycle."""
-    fields: list[tuple] = [("ts", float), ("pid", int | None, None), ("engine", int, 0), ("schema", int | None, None)]
+    fields: list[tuple] = [("ts", Annotated[float, _NON_NEGATIVE]), ("pid", int | None, None),
+                           ("engine", Annotated[int, _NON_NEGATIVE], 0), ("schema", int | None, None)]
     # a request event without its request id cannot be attributed: it fails validation
-    fields += [(f.name, str) if f.name == "req_id" else (f.name, _TYPES[f.type] | None, None) for f in kind.fields]
+    fields += [(f.name, str) if f.name == "req_id" else (f.name, _type(f) | None, None) for f in kind.fields]
     assert [f[0] for f in fields] == [f.name for f in COMMON_FIELDS if f.name != "event"] + list(kind.field_names)
     name = "".join(part.title() for part in kind.name.split("_")) + "Event"
     return msgspec.defstruct(name, fields, tag_field="event", tag=kind.name, kw_only=True, gc=False,
