@@ -118,7 +118,7 @@ def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, c
     assert f["predicted"]["figures"]["preemptions"] == {"recorded": recorded.preemptions.count, "predicted": 0, "unit": ""}
     assert f["predicted"]["baseline_error"] == {"within": True, "figures": {"preemptions": 0.0, "TTFT p90": -0.03},
                                                 "off": []}
-    assert f["predicted"]["resolved"] is True
+    assert f["predicted"]["resolved"] is True and f["predicted"]["goal"] == {"figure": "preemptions", "target": 0}
     cli.main(["doctor", str(run), "--whatif"])
     out = capsys.readouterr().out
     assert "predicted  preemptions 2 → 0" in out
@@ -133,3 +133,28 @@ def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, c
 def test_bad_usage(args, code, msg, capsys):
     assert cli.main(args) == code
     assert msg in capsys.readouterr().err
+
+
+def test_a_prediction_against_the_findings_goal():
+    """``resolved`` compares the predicted figure with the goal: at most a value, or lower
+    than recorded; the report says which way it fell short."""
+    from vllm_probe.analysis.doctor import Finding, Remedy
+    from vllm_probe.analysis.doctor.predict import attach
+    from vllm_probe.tui.doctor_view import unmet_goal_text
+
+    def finding(fid, setting):
+        return Finding(fid, "warning", "", {}, Remedy(setting, 1, "", "", "", whatif={setting: 1}))
+
+    recorded = {"preemptions": {"count": 4}, "chunking": {"reread_kv_tokens": 1000}}
+    predicted = {"preemptions": {"count": 3}, "chunking": {"reread_kv_tokens": 1200}}
+    storm, chunking = finding("preemption-storm", "num_kv_blocks"), finding("chunking-without-benefit",
+                                                                             "max_num_batched_tokens")
+    settings = [{"num_kv_blocks": 1}, {"max_num_batched_tokens": 1}]
+    attach([storm, chunking], recorded, settings, {"configs": [{"summary": predicted}, {"summary": predicted}]})
+    assert storm.predicted["resolved"] is False and chunking.predicted["resolved"] is False
+    assert unmet_goal_text(storm.predicted) == "not enough on its own: the replay still preempts"
+    assert unmet_goal_text(chunking.predicted) == ("the replay says it does not help: KV re-read tokens does not "
+                                                   "go down")
+    predicted["chunking"]["reread_kv_tokens"] = 999
+    attach([chunking], recorded, settings[1:], {"configs": [{"summary": predicted}]})
+    assert chunking.predicted["resolved"] is True

@@ -228,3 +228,18 @@ def test_probe_losses_use_the_last_probe_stats_line_of_each_file():
     s.events[-1]["hooks_disabled"] = ["chunk"]
     sm = summarize_events(s.events)
     assert (sm.probe_dropped_events, sm.probe_hook_errors, sm.probe_hooks_disabled) == (3, 2, ["chunk"])
+
+
+def test_step_figures_are_unknown_without_step_events():
+    """With step events off the per-step figures are unknown (None, "-"), not 0; what
+    the other kinds say is still counted."""
+    from tests._events import scenario_preempt
+
+    events = [e for e in scenario_preempt().events if e["event"] != "step"]
+    s = summarize_events(events)
+    assert s.steps == 0 and s.preemptions.count == 2
+    assert (s.scheduled_tokens, s.prefill_tokens, s.decode_tokens, s.prefill_share) == (None, None, None, None)
+    p = s.preemptions
+    assert (p.max_per_step, p.steps_with_several, p.steps_with_preemptions) == (None, None, None)
+    with_steps = summarize_events(scenario_preempt().events)
+    assert with_steps.prefill_tokens > 0 and with_steps.preemptions.max_per_step == 1

@@ -139,9 +139,10 @@ class Preemptions:
     worst_request: str | None = None
     worst_preemptions: int = 0
     worst_recomputed_tokens: int = 0
-    steps_with_preemptions: int = 0  # steps whose ``preempted`` list is not empty
-    steps_with_several: int = 0  # of those, steps that preempted more than one request
-    max_per_step: int = 0  # most requests preempted in one step
+    # from the steps' ``preempted`` lists: None when the run has no step events
+    steps_with_preemptions: int | None = 0  # steps whose ``preempted`` list is not empty
+    steps_with_several: int | None = 0  # of those, steps that preempted more than one request
+    max_per_step: int | None = 0  # most requests preempted in one step
 
 
 @dataclass
@@ -243,9 +244,9 @@ class Summary:
     output_tokens_per_s: float | None = None
     tokens_per_step: Distribution = field(default_factory=Distribution)
     budget_use: Distribution = field(default_factory=Distribution)  # 0..1
-    scheduled_tokens: int = 0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
+    scheduled_tokens: int | None = 0
+    prefill_tokens: int | None = 0  # None (as scheduled_tokens, decode_tokens): no step events
+    decode_tokens: int | None = 0
     prefill_share: float | None = None  # prefill / (prefill + decode)
     schedule_us: Distribution = field(default_factory=Distribution)  # mean only exact; see note
     preemptions: Preemptions = field(default_factory=Preemptions)
@@ -442,10 +443,13 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
             tokens[sched] = tokens.get(sched, 0) + n
     s.tokens_per_step = Distribution.of_counts(tokens)
     s.budget_use = Distribution.of_counts(budget_use_counts(e.step_tokens for e in engines.values()))
-    s.scheduled_tokens = int(state.total("scheduled_tokens"))
-    s.prefill_tokens = int(state.total("prefill_tokens"))
-    s.decode_tokens = int(state.total("decode_tokens"))
-    s.prefill_share = prefill_share(s.prefill_tokens, s.decode_tokens)
+    if s.steps:
+        s.scheduled_tokens = int(state.total("scheduled_tokens"))
+        s.prefill_tokens = int(state.total("prefill_tokens"))
+        s.decode_tokens = int(state.total("decode_tokens"))
+        s.prefill_share = prefill_share(s.prefill_tokens, s.decode_tokens)
+    else:  # step events off: unknown, not 0
+        s.scheduled_tokens = s.prefill_tokens = s.decode_tokens = None
     if s.steps:
         s.schedule_us = Distribution(n=s.steps, mean=state.total("schedule_us_total") / s.steps,
                                      max=max(e.schedule_us_max for e in engines.values()))
@@ -462,9 +466,12 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     if fin.worst is not None:
         p.worst_preemptions, p.worst_recomputed_tokens, _, p.worst_request = fin.worst
     per_step = _merged(e.preempted_steps for e in engines.values())
-    p.steps_with_preemptions = sum(per_step.values())
-    p.steps_with_several = sum(n for k, n in per_step.items() if k > 1)
-    p.max_per_step = max(per_step, default=0)
+    if s.steps:
+        p.steps_with_preemptions = sum(per_step.values())
+        p.steps_with_several = sum(n for k, n in per_step.items() if k > 1)
+        p.max_per_step = max(per_step, default=0)
+    else:
+        p.steps_with_preemptions = p.steps_with_several = p.max_per_step = None
 
     # chunking
     c = s.chunking

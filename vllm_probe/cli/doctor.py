@@ -24,7 +24,7 @@ from ..analysis.doctor import predict as predicting
 from ..analysis.summary import summarize
 from ..runs.rundir import resolve_run_dir
 from ..settings import load_expected
-from . import EXIT_NO_EVENTS, CliError, print_json, print_report
+from . import CliError, print_json, print_report
 
 #: Exit code when a finding is critical.
 EXIT_CRITICAL = 3
@@ -55,18 +55,16 @@ def _predict_function():
 
 
 def _replay(predict, run_dir, settings, out, jobs):
-    """``predict(run_dir, settings)`` with the replay's errors as one line each (exit 1:
-    the run cannot be replayed; 2: a remedy's settings are refused by vLLM's checks)."""
+    """``predict(run_dir, settings)``, or the replay's error as one line (a run it cannot
+    replay, settings vLLM's checks refuse): the findings are reported all the same."""
     from ..analysis.workload import WorkloadError
     from ..sim.engine_args import SettingError
     from ..sim.whatif import WhatifError
 
     try:
-        return predict(str(run_dir), settings, out=out, jobs=jobs)
-    except (SettingError, WorkloadError) as e:
-        raise CliError(f"doctor --whatif: {e}") from None
-    except WhatifError as e:
-        raise CliError(f"doctor --whatif: {e}", code=EXIT_NO_EVENTS) from None
+        return predict(str(run_dir), settings, out=out, jobs=jobs), None
+    except (SettingError, WorkloadError, WhatifError) as e:
+        return None, str(e)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -81,8 +79,12 @@ def main(args: argparse.Namespace) -> int:
         if settings:
             print(f"vllm-probe: replaying {len(settings)} remedy setting(s) with the what-if replay …",
                   file=sys.stderr, flush=True)
-            result = _replay(predict, run_dir, settings, args.out, args.jobs)
-            predicting.attach(report.findings, summarize(run_dir), settings, result)
+            result, error = _replay(predict, run_dir, settings, args.out, args.jobs)
+            if error is None:
+                predicting.attach(report.findings, summarize(run_dir), settings, result)
+            else:
+                predicting.attach_error(report.findings, f"the replay could not run: {error}")
+                print(f"vllm-probe: doctor --whatif: {error}", file=sys.stderr)
     if args.json:
         print_json(report.to_dict())
     else:

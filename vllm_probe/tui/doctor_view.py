@@ -127,6 +127,17 @@ def predicted_text(p: dict) -> str:
     return " · ".join(parts)
 
 
+def unmet_goal_text(p: dict) -> str:
+    """Why a replayed remedy falls short of its finding's goal (``predicted["goal"]``)."""
+    goal = p.get("goal") or {}
+    name, target = goal.get("figure", ""), goal.get("target")
+    if target == "lower":
+        return f"the replay says it does not help: {name} does not go down"
+    if name == "preemptions":
+        return "not enough on its own: the replay still preempts"
+    return f"not enough on its own: {name} stays above {figure(target)}"
+
+
 def baseline_line(error: dict | None) -> Text:
     """How far to trust ``--whatif``'s predictions: the replay at the recorded settings
     against the recorded run (``predicted["baseline_error"]``)."""
@@ -167,7 +178,7 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
         else:
             line = Text(predicted_text(p), style="bold")
             if p.get("resolved") is False:
-                line.append("  not enough on its own: the replay still preempts", style="yellow")
+                line.append("  " + unmet_goal_text(p), style="yellow")
             rows.append(("predicted", line))
             rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
     step = _first_step(f)

@@ -48,12 +48,20 @@ FIGURES: dict[str, tuple[tuple[str, str, str], ...]] = {
                            ("TTFT p90", "latency.ttft_s.p90", "s")),
 }
 
-#: Findings whose remedy should bring a figure to a value: (figure name in
-#: :data:`FIGURES`, the value). The replay's answer is ``predicted["resolved"]``.
-GOALS: dict[str, tuple[str, float]] = {
+#: What each finding's remedy should do to one of its :data:`FIGURES`: bring it to at
+#: most a value (a number), or make it lower than recorded (``"lower"``). The replay's
+#: answer is ``predicted["resolved"]``.
+GOALS: dict[str, tuple[str, float | str]] = {
     "preemption-storm": ("preemptions", 0),
-    "preemption-thrash": ("worst request preempted", 0),
+    "preemption-thrash": ("worst request preempted", 1),
+    "head-of-line-blocking": ("queue time p90", "lower"),
+    "kv-bound": ("queue time p90", "lower"),
+    "seqs-bound": ("queue time p90", "lower"),
+    "budget-bound": ("TTFT p90", "lower"),
+    "stall": ("duration", "lower"),
+    "chunking-without-benefit": ("KV re-read tokens", "lower"),
 }
+
 
 #: The replay's function: ``predict(run_dir, grid, out=None, jobs=1)``.
 Predict = Callable[..., Any]
@@ -90,8 +98,10 @@ def attach(findings: list[Finding], recorded: Any, settings: list[dict[str, Any]
 
     ``recorded``: the run's own :class:`~vllm_probe.analysis.summary.Summary`.
     ``predicted`` is ``{"settings", "run_dir", "figures": {name: {"recorded",
-    "predicted", "unit"}}, "resolved", "baseline_error"}``: ``resolved`` is whether the
-    replay reaches the finding's :data:`GOALS` (None: the finding has no goal);
+    "predicted", "unit"}}, "goal", "resolved", "baseline_error"}``: ``goal`` is the
+    finding's :data:`GOALS` entry as ``{"figure", "target"}`` (a number: at most it;
+    ``"lower"``: below the recorded value), ``resolved`` whether the replay meets it
+    (None: no goal, or the figure unknown);
     ``baseline_error`` is :func:`baseline_error` of the replay. A finding whose remedy the
     replay could not run gets ``{"settings", "error"}``.
     """
@@ -113,11 +123,35 @@ def attach(findings: list[Finding], recorded: Any, settings: list[dict[str, Any]
         predicted = _get(config, "summary")
         figures = {name: {"recorded": figure_of(recorded, path), "predicted": figure_of(predicted, path), "unit": unit}
                    for name, path, unit in FIGURES.get(f.id, ())}
-        goal = GOALS.get(f.id)
-        reached = figures.get(goal[0], {}).get("predicted") if goal else None
         f.predicted = {"settings": dict(w), "run_dir": str(_get(config, "run_dir") or ""), "figures": figures,
-                       "resolved": None if goal is None or reached is None else reached <= goal[1],
-                       "baseline_error": errors}
+                       "goal": _goal(f.id), "resolved": _resolved(f.id, figures), "baseline_error": errors}
+
+
+def attach_error(findings: list[Finding], error: str) -> None:
+    """Put ``{"settings", "error"}`` into the ``predicted`` of every finding with a remedy
+    to replay (the replay could not run: ``error`` says why, in one line)."""
+    for f in findings:
+        w = f.remedy.whatif if f.remedy is not None else None
+        if w:
+            f.predicted = {"settings": dict(w), "error": error}
+
+
+def _goal(finding_id: str) -> dict[str, Any] | None:
+    goal = GOALS.get(finding_id)
+    return None if goal is None else {"figure": goal[0], "target": goal[1]}
+
+
+def _resolved(finding_id: str, figures: dict[str, dict[str, Any]]) -> bool | None:
+    """Whether the predicted figure meets the finding's :data:`GOALS` (None: no goal, or
+    a figure unknown on either side)."""
+    goal = GOALS.get(finding_id)
+    if goal is None:
+        return None
+    name, target = goal
+    recorded, predicted = figures.get(name, {}).get("recorded"), figures.get(name, {}).get("predicted")
+    if predicted is None or (target == "lower" and recorded is None):
+        return None
+    return predicted < recorded if target == "lower" else predicted <= target
 
 
 def baseline_error(result: Any) -> dict[str, Any] | None:

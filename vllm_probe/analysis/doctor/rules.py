@@ -94,8 +94,11 @@ def preemption_storm(ctx: Context) -> list[Finding]:
         first = ep.first_preempt[0] if ep.first_preempt else (busiest[0]["step"] if busiest else None)
         rate = (f"in {fmt_count(eng.steps)} steps ({per_100:.1f} per 100 steps, {fmt_count(eng.requests_preempted)} requests)"
                 if per_100 is not None else f"({fmt_count(eng.requests_preempted)} requests)")
-        msg = (f"{fmt_count(n)} preemptions {rate}" + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} of the tokens the engine computed"
-                               if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+        of_what = ("of the tokens the engine computed" if eng.scheduled_tokens else
+                   "of the prompt tokens it prefilled (decode tokens are not known with step events off)")
+        msg = (f"{fmt_count(n)} preemptions {rate}"
+               + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
+                  if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
         out.append(Finding(
             "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
             {**engine_evidence(ctx, eng), "preemptions": n, "requests": eng.requests_preempted,
