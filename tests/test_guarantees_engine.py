@@ -137,7 +137,11 @@ def test_stopped_server_closes_every_file_with_probe_stats(run, request):
         in_flight = run == "server_run_sigint"
         assert len(added) == SERVER_REQUESTS + in_flight and finished.keys() <= added
         reasons = sorted(finished.values())
-        assert reasons in (["length"] * SERVER_REQUESTS, ["abort"] * in_flight + ["length"] * SERVER_REQUESTS)
+        # the one in flight: its abort came too late for the kill (no finish), or made it
+        # (abort), or the server's graceful drain let it decode to the end first (length:
+        # seen on CI under load, where the drain outlasted the 1,000 tokens)
+        assert reasons in (["length"] * SERVER_REQUESTS, ["abort"] * in_flight + ["length"] * SERVER_REQUESTS,
+                           ["length"] * (SERVER_REQUESTS + in_flight))
 
 
 def test_sigkill_of_the_engine_core_leaves_whole_lines(tmp_path):
