@@ -61,7 +61,11 @@ def test_short_behind_long_gives_head_of_line_blocking(scenario):
     first_chunk = {c["req_id"]: c["step"] for c in _events(run_dir, "chunk") if c["chunk_index"] == 0}
     for b in f["evidence"]["blocked"]:
         assert b["steps"][1] == first_chunk[b["req_id"]] - 1
-    assert f["remedy"]["setting"] == "max_num_batched_tokens" and f["remedy"]["value"] >= 2048 * len(takers) + 256
+    # the long prompts whole, the short ones, and a decode token per request running meanwhile
+    first, last = min(b["steps"][0] for b in f["evidence"]["blocked"]), max(b["steps"][1] for b in f["evidence"]["blocked"])
+    running = max(s["running"] for s in _events(run_dir, "step") if first <= s["step"] <= last)
+    want = -(-(2048 * len(takers) + 256 + running) // 256) * 256
+    assert (f["remedy"]["setting"], f["remedy"]["value"]) == ("max_num_batched_tokens", want)
 
 
 def test_thrash_gives_preemption_thrash_with_the_preempted_requests(scenario):

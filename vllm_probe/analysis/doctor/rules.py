@@ -238,12 +238,19 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
                 "the long prompts take more steps to prefill (their own TTFT grows)", SRC_VLLM_CHUNKED,
                 whatif={"long_prefill_token_threshold": cap})
         else:
-            want = round_up(taken + short_total, 256)
+            # running requests decode one token each in the same step: the budget holds them too
+            decodes = max((sp.running_max for sp in eng.timeline if sp.first_step <= last and sp.last_step >= first),
+                          default=0)
+            # whole prompts, not the tokens they took here: in one larger step the long
+            # prompts are prefilled together, before any of them can hit the prefix cache
+            long_total = sum(plen or tokens for tokens, plen in takers.values())
+            want = round_up(long_total + short_total + decodes, 256)
             remedy = Remedy(
                 "max_num_batched_tokens", want,
-                f"the short requests waited behind {fmt_count(taken)} prefill tokens of long requests queued ahead of them; "
-                f"{fmt_count(taken)} + their {fmt_count(short_total)} prompt tokens, rounded up to 256 → max_num_batched_tokens "
-                f"{fmt_count(want)} admits them in the same step",
+                f"the short requests waited behind the prefills of long requests queued ahead of them; their prompts "
+                f"({fmt_count(long_total)} tokens) + the short ones' {fmt_count(short_total)} + {fmt_count(decodes)} "
+                f"decode token{'s' if decodes != 1 else ''} of the requests running meanwhile, rounded up to 256 → "
+                f"max_num_batched_tokens {fmt_count(want)} admits them in the same step",
                 "larger steps: running decodes wait longer per token (inter-token latency)", SRC_VLLM_CHUNKED,
                 whatif={"max_num_batched_tokens": want},
                 alternatives=[{"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
