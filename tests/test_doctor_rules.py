@@ -324,6 +324,20 @@ def test_underloaded_boundaries():
     assert "underloaded" not in light(100, waiting_steps=6)
     assert "underloaded" not in light(49)
     assert "underloaded" not in light(100, scheduled=257)
+    assert f.message.endswith("(the client sends too slowly)") and f.evidence["burst"] is False
+
+
+def test_underloaded_names_an_offline_burst_and_gives_way_to_a_finding_that_requests_were_held_back():
+    r = Run()
+    for i in range(3):
+        r.add(f"R{i}", 100)  # all before step 0: one burst
+    r.step(decode=3, running=3, times=100)
+    f = r.findings()["underloaded"]
+    assert f.evidence["burst"] is True and "the workload is one burst of 3 requests" in f.message
+    # the same run with a stall: the scheduler held requests back, so not "underloaded"
+    r.step(running=1, waiting=2, blocked="kv_cache", times=3)
+    found = r.findings()
+    assert "stall" in found and "underloaded" not in found
 
 
 def test_config_not_applied_names_each_setting():

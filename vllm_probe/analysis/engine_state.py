@@ -161,6 +161,9 @@ class EngineState:
     #: exact histogram: chunks of the prefill pass that produced a prompt's first token -> prompts
     first_pass_chunks: dict[int, int] = field(default_factory=dict)
     requests_added: int = 0
+    #: the step before which the latest request arrived (its ``arrival_step``; -1: none yet):
+    #: an offline burst has them all before the first steps
+    last_arrival_step: int = -1
     requests_finished: int = 0
     #: exact histogram of the steps' ``(running, waiting)`` queue lengths (requests) -> steps
     #: (one dict update per step; bounded by the distinct pairs)

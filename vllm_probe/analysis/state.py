@@ -326,7 +326,7 @@ class RunState:
         req = eng.requests.get(ev.req_id)
         if req is None:
             req = eng.requests[ev.req_id] = RequestState(ev.req_id, eng.engine)
-        req.arrival_step = eng.last_step + 1
+        req.arrival_step = eng.last_arrival_step = eng.last_step + 1
         req.prompt_len = ev.prompt_len
         req.max_tokens = ev.max_tokens
         req.priority = ev.priority

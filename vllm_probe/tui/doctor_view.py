@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..analysis.doctor import CRITICAL, INFO, WARNING, Finding, Report
 from .charts import line, sep
-from .format import count, duration, figure, signed_pct
+from .format import count, duration, figure, pct, signed_pct
 
 #: How each severity reads.
 SEVERITY_STYLE = {CRITICAL: "bold white on red", WARNING: "bold yellow", INFO: "bold cyan"}
@@ -48,9 +48,22 @@ def _ev_storm(e: dict) -> list[str]:
 
 
 def _ev_thrash(e: dict) -> list[str]:
-    return [f"{r['req_id']} ×{r['preemptions']} at steps {', '.join(str(s) for s in r['steps'][:8])}"
-            f"{' …' if len(r['steps']) > 8 else ''} (discarded {count(r['discarded_tokens'])} tok, "
-            f"prompt {count(r['prompt_len'])})" for r in e.get("requests", [])[:4]]
+    requests = e.get("requests", [])
+    out = [f"{r['req_id']} ×{r['preemptions']} at steps {', '.join(str(s) for s in r['steps'][:8])}"
+           f"{' …' if len(r['steps']) > 8 else ''} (discarded {count(r['discarded_tokens'])} tok, "
+           f"prompt {count(r['prompt_len'])})" for r in requests[:4]]
+    rest = requests[4:]
+    if rest:
+        more = e.get("repeated_requests", len(requests)) - len(requests)
+        out.append("and " + ", ".join(f"{r['req_id']} ×{r['preemptions']}" for r in rest)
+                   + (f" (+{more} more: doctor --json)" if more > 0 else ""))
+    return out
+
+
+def _ev_underloaded(e: dict) -> list[str]:
+    return [f"requests waited after {count(e.get('waiting_steps'))} of {count(e.get('total_steps'))} steps · "
+            f"median step {pct(e.get('budget_use_median'))} of the token budget"
+            + (" · one offline burst" if e.get("burst") else "")]
 
 
 def _ev_hol(e: dict) -> list[str]:
@@ -99,6 +112,7 @@ EVIDENCE: dict[str, Callable[[dict], list[str]]] = {
     "preemption-storm": _ev_storm, "preemption-thrash": _ev_thrash, "head-of-line-blocking": _ev_hol,
     "kv-bound": _ev_bound, "budget-bound": _ev_bound, "seqs-bound": _ev_bound, "stall": _ev_stall,
     "chunking-without-benefit": _ev_chunking, "config-not-applied": _ev_config, "not-checked": _ev_not_checked,
+    "underloaded": _ev_underloaded,
 }
 
 

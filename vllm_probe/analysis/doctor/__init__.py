@@ -27,6 +27,11 @@ __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding"
            "diagnose", "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
 
 
+#: Findings that say the scheduler held requests back (``underloaded`` is dropped beside them).
+HELD_BACK = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
+             "budget-bound")
+
+
 @dataclass(frozen=True)
 class Expectation:
     """What the user expected the engine to run with: ``engine`` maps vLLM engine
@@ -71,6 +76,9 @@ def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bo
     found: list[Finding] = []
     for _, rule in CATALOGUE:
         found.extend(rule(ctx))
+    # "the scheduler is not the bottleneck" cannot stand beside a finding that it held requests back
+    held_back = {f.engine for f in found if f.id in HELD_BACK and f.severity in (CRITICAL, WARNING)}
+    found = [f for f in found if not (f.id == "underloaded" and (f.engine in held_back or None in held_back))]
     return worst_first(found, FINDING_IDS)
 
 

@@ -49,6 +49,9 @@ THRASH_TWICE_DISCARD_PER_PROMPT = 1.0
 #: A request preempted this often is critical: vLLM #25538, a long prefill preempted and
 #: resumed every step, never finishes.
 THRASH_CRITICAL_PREEMPTIONS = 10
+#: Requests listed in preemption-thrash's evidence (most preempted first; the count of all
+#: of them is ``repeated_requests``).
+THRASH_LISTED = 20
 #: head-of-line-blocking: a short request (prompt <= SHORT_PROMPT_SHARE of the budget,
 #: episodes.py) waited at least this many steps for its first chunk ...
 HOL_MIN_WAIT_STEPS = 3
@@ -74,6 +77,9 @@ UNDERLOADED_BUDGET_USE = 0.25
 #: ... over at least this many steps (SGLang's guide: #queue-req 0 frequently: the client
 #: sends too slowly).
 UNDERLOADED_MIN_STEPS = 50
+#: A workload whose requests all arrived before this step is an offline burst
+#: (``LLM.generate``: one request before step 0, the rest before step 1, docs/whatif.md).
+BURST_STEPS = 1
 
 # -- the rules -------------------------------------------------------------------------------
 
@@ -152,7 +158,8 @@ def preemption_thrash(ctx: Context) -> list[Finding]:
             msg += f"; {len(cands) - (2 if pair else 1)} more request(s) preempted repeatedly"
         evidence = {**engine_evidence(ctx, eng), "requests": [
             {"req_id": r.req_id, "preemptions": r.preemptions, "steps": r.steps, "discarded_tokens": r.discarded_tokens,
-             "prompt_len": r.prompt_len, "finished": r.finished} for r in cands[:5]]}
+             "prompt_len": r.prompt_len, "finished": r.finished} for r in cands[:THRASH_LISTED]],
+            "repeated_requests": len(cands)}
         if pair is not None:
             evidence["pair"] = [worst.req_id, pair[0].req_id]
             evidence["alternations"] = pair[1]
@@ -416,12 +423,16 @@ def underloaded(ctx: Context) -> list[Finding]:
             continue
         waited_text = (f"Requests waited after only {fmt_pct(share)} of {fmt_count(eng.steps)} steps" if waited
                        else f"No request waited in {fmt_count(eng.steps)} steps")
+        burst = eng.requests_added and eng.last_arrival_step <= BURST_STEPS
+        why = (f"the workload is one burst of {fmt_count(eng.requests_added)} requests, all there from the start: once "
+               f"prefilled they only decode, a token each per step; more requests at once would fill the budget"
+               if burst else "the client sends too slowly")
         out.append(Finding("underloaded", INFO,
                            f"{waited_text} and the median step used "
                            f"{fmt_pct(use.median)} of the {fmt_count(eng.config.max_num_batched_tokens if eng.config else 0)}-token "
-                           f"budget: the scheduler is not the bottleneck (the client sends too slowly)",
+                           f"budget: the scheduler is not the bottleneck ({why})",
                            {**engine_evidence(ctx, eng), "waiting_steps": waited, "total_steps": eng.steps,
-                            "budget_use_median": rounded(use.median)}))
+                            "budget_use_median": rounded(use.median), "burst": bool(burst)}))
     return out
 
 
