@@ -111,6 +111,7 @@ def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(whatif, "predict", predict)
     monkeypatch.setattr(whatif, "require_vllm", lambda: None)
+    monkeypatch.setattr(whatif, "quiet_vllm", lambda: None)  # leaves this process's environment alone
     assert cli.main(["doctor", str(run), "--whatif", "--json", "--jobs", "2"]) == 0
     (f,) = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "preemption-storm"]
     assert calls == [(str(run), [f["remedy"]["whatif"]], None, 2)]

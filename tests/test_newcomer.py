@@ -160,7 +160,7 @@ def test_spawn_hint_from_the_script(tmp_path):
     script.write_text(SEED_SCRIPT.format(model="/tiny"), encoding="utf-8")
     assert unguarded_engine_call(script) == 4  # `llm = LLM(` is line 4
     hint = spawn_hint([sys.executable, str(script)])
-    assert hint.startswith("seed43.py starts vLLM at import time (line 4);") and hint.endswith(HINT)
+    assert hint.startswith("seed43.py starts vLLM at import time (line 4); if the error above says") and hint.endswith(HINT)
     assert spawn_hint([sys.executable, "-u", str(script)]) == hint
     guarded = tmp_path / "guarded.py"
     body = "\n".join("    " + line for line in SEED_SCRIPT.format(model="/tiny").splitlines()[1:])
@@ -183,8 +183,9 @@ def test_failed_run_prints_the_hint_once(tmp_path):
     r = run_cli("run", "--out", str(tmp_path / "run"), "--", sys.executable, str(script))
     assert r.returncode == 1
     hints = [line for line in r.stderr.splitlines() if line.startswith("vllm-probe: hint: ")]
-    assert hints == [f"vllm-probe: hint: fake.py starts vLLM at import time (line 6); vLLM's engine core is a "
-                     f"spawned process that imports the script again: {HINT}"]
+    assert hints == [f"vllm-probe: hint: fake.py starts vLLM at import time (line 6); if the error above says \"An "
+                     f"attempt has been made to start a new process\", vLLM's engine core (a spawned process) imported "
+                     f"the script again: {HINT}"]
     r = run_cli("run", "--out", str(tmp_path / "ok"), "--", sys.executable, "-c", "raise SystemExit(2)")
     assert "hint" not in r.stderr  # no script to blame: no hint
 
@@ -200,8 +201,9 @@ def test_the_seed_script_verbatim_fails_with_the_hint(tmp_path):
     assert r.returncode != 0
     assert "An attempt has been made to start a new process before the" in r.stderr  # vLLM's real failure
     assert r.stderr.rstrip().splitlines()[-1] == (
-        "vllm-probe: hint: seed43.py starts vLLM at import time (line 4); vLLM's engine core is a spawned process "
-        f"that imports the script again: {HINT}")
+        "vllm-probe: hint: seed43.py starts vLLM at import time (line 4); if the error above says \"An attempt has "
+        "been made to start a new process\", vLLM's engine core (a spawned process) imported the script again: "
+        f"{HINT}")
     assert read_meta(tmp_path / "run")["engine_started"] is False
 
 

@@ -317,12 +317,14 @@ def test_gpu_memory_utilization_moves_the_kv_blocks_by_memory_over_block_bytes()
 
 @requires_vllm
 @pytest.mark.parametrize("overrides,message", [
-    ({"max_num_batched_tokens": 8}, "vLLM: max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (64)."),
+    ({"max_num_batched_tokens": 8}, "max_num_batched_tokens=8: vLLM: max_num_batched_tokens (8) must be greater than "
+                                    "or equal to max_num_seqs (64)."),
+    ({"max_num_seqs": 0}, "max_num_seqs=0: vLLM: max_num_seqs: Input should be greater than or equal to 1"),
     ({"num_kv_blocks": 16}, "num_kv_blocks=16 cannot hold one request of max_model_len 2048: vLLM needs 16 blocks of "
                             "128 tokens besides the reserved one and refuses to start (check_enough_kv_cache_memory); "
                             "this cache holds at most 1920 tokens"),
-    ({"long_prefill_token_threshold": 4096}, "vLLM: long_prefill_token_threshold (4096) cannot be greater than the "
-                                             "max_model_len (2048)."),
+    ({"long_prefill_token_threshold": 4096}, "long_prefill_token_threshold=4096: vLLM: long_prefill_token_threshold "
+                                             "(4096) cannot be greater than the max_model_len (2048)."),
 ])
 def test_impossible_settings_get_vllms_own_message(overrides, message):
     _, spec = engine_args.resolve(CONFIG, overrides)

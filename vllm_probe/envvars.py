@@ -1,7 +1,8 @@
 """Every environment variable vllm-probe reads or sets, in one place.
 
 Ours start with ``VLLMPROBE_``, none with ``VLLM_``: vLLM warns about (and can reject)
-unknown ``VLLM_*`` names. ``vllm-probe run`` sets ``ENABLE``, ``RUN_DIR`` and
+unknown ``VLLM_*`` names; two of vLLM's own are set (:data:`VLLM_PLUGINS`,
+:data:`VLLM_LOGGING_LEVEL`). ``vllm-probe run`` sets ``ENABLE``, ``RUN_DIR`` and
 ``SETTINGS`` for the command it starts (and extends vLLM's ``VLLM_PLUGINS``); users who
 start vLLM by other means can set them by hand. Beside these, the reports honour
 ``COLUMNS`` (the terminal width, as any console program does).
@@ -28,6 +29,10 @@ COLUMNS = "COLUMNS"
 
 #: vLLM's own allow-list of plugin entry-point names (comma-separated), which we extend.
 VLLM_PLUGINS = "VLLM_PLUGINS"
+#: vLLM's log level. ``whatif`` (and ``doctor --whatif``) set it to ``ERROR`` for the
+#: processes that replay, unless the user set it: vLLM's start-up warnings there are
+#: about this machine's backend, not about the replay.
+VLLM_LOGGING_LEVEL = "VLLM_LOGGING_LEVEL"
 #: Name of our entry point in the ``vllm.general_plugins`` group.
 PLUGIN_NAME = "vllm_probe"
 #: Run directory used when the plugin is enabled by hand without ``RUN_DIR``.

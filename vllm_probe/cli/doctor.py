@@ -45,12 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _predict_function():
     """The what-if replay's ``predict``, or a one-line error when vLLM is missing."""
-    from ..sim.whatif import WhatifError, predict, require_vllm
+    from ..sim.whatif import WhatifError, predict, quiet_vllm, require_vllm
 
     try:
         require_vllm()
     except WhatifError as e:
         raise CliError(f"doctor --whatif replays through vLLM's own scheduler: {e}") from None
+    quiet_vllm()
     return predict
 
 

@@ -15,7 +15,6 @@ unknown or impossible setting, a run without request or step events, a bad trace
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from ..runs.rundir import resolve_run_dir
@@ -53,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     from ..analysis.workload import WorkloadError
     from ..exporters.trace import TraceError
     from ..sim.engine_args import SettingError, parse_sets
-    from ..sim.whatif import WhatifError, predict, require_vllm
+    from ..sim.whatif import WhatifError, predict, quiet_vllm, require_vllm
 
     if args.trace and args.run_dir:
         raise CliError("with --trace, name the recorded run with --like, not as RUN_DIR")
@@ -71,9 +70,7 @@ def main(args: argparse.Namespace) -> int:
     except WhatifError as e:
         raise CliError(str(e), code=EXIT_NO_EVENTS) from None
     run_dir = resolve_run_dir(args.like or args.run_dir)
-    # vLLM's import-time warnings about this machine's backend (Triton, block size) are
-    # about the engine it is not running; errors still show
-    logging.getLogger("vllm").setLevel(logging.ERROR)
+    quiet_vllm()
     print(f"vllm-probe: replaying {run_dir}" + (f" with the requests of {args.trace}" if args.trace else "")
           + f": baseline and {len([g for g in grid if g])} setting(s), {args.jobs} at a time", file=sys.stderr)
     try:

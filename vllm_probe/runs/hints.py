@@ -50,8 +50,10 @@ def spawn_hint(command: list[str], log_lines: Iterable[str] | None = None) -> st
     line = unguarded_engine_call(script)
     if line is None:
         return None
-    return (f"{script.name} starts vLLM at import time (line {line}); vLLM's engine core is a spawned process that "
-            f"imports the script again: put the script's code under `if __name__ == \"__main__\":`")
+    # the output went to the terminal, not to us: say which error this hint is for
+    return (f"{script.name} starts vLLM at import time (line {line}); if the error above says \"An attempt has been "
+            f"made to start a new process\", vLLM's engine core (a spawned process) imported the script again: put "
+            f"the script's code under `if __name__ == \"__main__\":`")
 
 
 def _script_of(command: list[str]) -> Path | None:

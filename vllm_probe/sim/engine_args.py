@@ -272,7 +272,8 @@ def check(spec: SchedulerSpec, overrides: dict[str, Any]) -> SchedulerSpec:
     try:
         make_vllm_config(spec)
     except Exception as e:  # pydantic's ValidationError, ValueError: vLLM's own message
-        raise SettingError(vllm_message(e)) from None
+        given = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        raise SettingError((f"{given}: " if given else "") + vllm_message(e)) from None
     return spec
 
 
@@ -282,8 +283,10 @@ def vllm_message(e: Exception) -> str:
     errors = getattr(e, "errors", None)
     if callable(errors):
         try:
-            msg = errors()[0].get("msg", "")
-            return "vLLM: " + msg.removeprefix("Value error, ").strip()
+            first = errors()[0]
+            msg = first.get("msg", "").removeprefix("Value error, ").strip()
+            field = ".".join(str(part) for part in first.get("loc", ()) if isinstance(part, str))
+            return "vLLM: " + (f"{field}: " if field else "") + msg
         except Exception:
             pass
     text = str(e).strip().splitlines()

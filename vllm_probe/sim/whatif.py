@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .. import __version__, envvars
 from ..analysis.compare import relative_errors
 from ..analysis.summary import Summary, analyze_story
 from ..analysis.workload import Workload, WorkloadError, load_workload
@@ -146,6 +146,16 @@ class WhatifResult:
             "configs": [c.to_dict() for c in self.configs],
             "notes": self.notes,
         }
+
+
+def quiet_vllm() -> None:
+    """vLLM's log at ``ERROR`` in this process and the replays it starts (unless the user
+    set ``VLLM_LOGGING_LEVEL``): its start-up warnings here are about this machine's
+    backend (Triton, the SSM cache type), not about the replay."""
+    import logging
+
+    if os.environ.setdefault(envvars.VLLM_LOGGING_LEVEL, "ERROR") == "ERROR":
+        logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def require_vllm() -> None:
