@@ -261,7 +261,7 @@ def replay(
     if w.config.get("scheduler_class") == "AsyncScheduler":
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler as scheduler_cls
     depth = 2 if scheduler_cls is not None else 1  # EngineCore's batch queue
-    clock = VirtualClock()
+    clock = VirtualClock(w.t0)  # engine_config is stamped at the recording's start, as the steps are
     target = _ConfigOverlay(sink, config_overlay or {})
     rt = Runtime(flags or ProbeFlags(), lambda _rt: target, clock=clock.time, timer=clock.time)
     previous = patches.uninstall(Scheduler)  # the plugin's probe in this process: back afterwards
