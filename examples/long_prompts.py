@@ -137,4 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: vLLM shuts its engine core down; no traceback of ours
+        sys.exit(130)

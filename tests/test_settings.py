@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -147,3 +148,17 @@ def test_expected_settings_from_each_kind_of_file(tmp_path):
     assert (args.engine, args.model) == ({"max_num_seqs": 8, "max_num_batched_tokens": 512}, "m")
     with pytest.raises(SettingsError, match="top level must be an object"):
         load_expected(write(tmp_path, "l.yaml", "- 1\n"))
+
+
+def test_a_file_of_comments_only_is_said_to_hold_nothing(tmp_path):
+    """The seed notes' config.toml is one line starting with ``#`` when copied verbatim:
+    accepted, and said to hold nothing (by run and by doctor --expect)."""
+    from tests.conftest import ROOT, run_cli
+
+    f = tmp_path / "config.toml"
+    f.write_text("# [scheduler] max_num_batched_tokens = 8192   max_num_seqs = 64\n")
+    assert load_settings(f).empty and not load_settings(f).expected
+    r = run_cli("run", "--settings", str(f), "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 0
+    assert f"vllm-probe: {f}: no settings in it (every line a comment or blank)" in r.stderr
+    assert not load_settings(ROOT / "configs" / "config.toml").empty

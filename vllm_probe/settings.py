@@ -37,7 +37,7 @@ import difflib
 import json
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -129,6 +129,8 @@ class Settings:
         model, sampling: those sections, as written (the examples read them).
         expected: what the file says the engine should run with (None: nothing).
         ignored: top-level sections the probe leaves alone (other tools').
+        empty: the file holds no key at all (all comments, as the seed notes' one-line
+            ``config.toml`` is when copied verbatim).
     """
 
     flags: ProbeFlags
@@ -137,6 +139,7 @@ class Settings:
     source: str | None = None
     expected: Expected | None = None
     ignored: tuple[str, ...] = ()
+    empty: bool = False
 
 
 # -- msgspec's validation errors as one line naming the key ------------------------------
@@ -284,7 +287,11 @@ def load_settings(path: str | Path | None) -> Settings:
     if path is None:
         return Settings(flags=ProbeFlags())
     p = Path(path)
-    return parse_settings(_parse_text(_read(p), p), str(p))
+    data = _parse_text(_read(p), p)
+    settings = parse_settings(data, str(p))
+    if not data:
+        settings = replace(settings, empty=True)
+    return settings
 
 
 def _read(p: Path) -> str:

@@ -73,6 +73,9 @@ def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     expected = load_expected(args.expect) if args.expect else None
+    if expected is not None and not expected.engine:
+        print(f"vllm-probe: {expected.source}: no engine setting in it ([scheduler] section or engine arguments): "
+              f"nothing to check against the run", file=sys.stderr)
     predict = _predict_function() if args.whatif else None
     report = examine(run_dir, expected)
     if predict is not None:

@@ -39,6 +39,9 @@ def main(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     settings = load_settings(args.settings)  # errors before anything starts
+    if settings.source is not None and settings.empty:
+        print(f"vllm-probe: {settings.source}: no settings in it (every line a comment or blank): the probe's "
+              f"defaults apply, and nothing is checked against the run", file=sys.stderr)
     if settings.ignored:
         print(f"vllm-probe: {settings.source}: section{'s' if len(settings.ignored) > 1 else ''} "
               f"{', '.join(settings.ignored)} left alone (not the probe's)", file=sys.stderr)
