@@ -40,7 +40,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.figures import budget_use, share
+from ..analysis.figures import budget_use, per_second, share
 from ..analysis.engine_state import EngineState, WindowStats
 from ..analysis.requests import DECODE, FINISHED, PREEMPTED, PREFILL, WAITING, RequestState
 from ..analysis.state import RunState
@@ -186,7 +186,7 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
     parts: list[Any] = [("elapsed ", "dim"), duration(elapsed), sep(),
                         (count(steps), "bold"), (" steps", "dim"),
                         *([(" in ", "dim"), duration(stepping)] if stepping is not None else []), sep(),
-                        f"{step_rate:.1f}" if step_rate else UNKNOWN, (" steps/s recent", "dim"), sep(),
+                        *_step_rate(step_rate, per_second(steps, stepping), finished=bool(end)), sep(),
                         ("schedule() ", "dim"), micros(sched_mean), (" mean, ", "dim"), micros(sched_max), (" max", "dim")]
     if state.engines:  # the longest queues of the whole run (the chart shows recent steps only)
         parts += [sep(), ("most running ", "dim"), count(max((e.running_max or 0) for e in state.engines.values())),
@@ -290,6 +290,13 @@ def current_multi_panel(engines: list[EngineState], width: int) -> tuple[Panel, 
                   LIMIT_LABEL.get(bound, UNKNOWN) if bound else UNKNOWN)
     return Panel(t, title=f"current step · {len(engines)} engine cores (data-parallel ranks)",
                  title_align="left", padding=(0, 1)), len(engines) + 3
+
+
+def _step_rate(recent: float | None, whole_run: float | None, finished: bool) -> list[Any]:
+    """Steps per second: of the recent window while the run goes on, of the whole run
+    once it has finished (a finished run has no "recent")."""
+    rate = whole_run if finished else recent
+    return [f"{rate:.1f}" if rate else UNKNOWN, (" steps/s over the run" if finished else " steps/s recent", "dim")]
 
 
 def chart_panel(engines: list[EngineState], width: int, rows: int, chart_steps: int | None = None) -> tuple[Panel, int]:
