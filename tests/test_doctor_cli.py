@@ -102,7 +102,8 @@ def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, c
         calls.append((run_dir, grid, out, jobs))
         predicted = summarize(run)
         predicted.preemptions.count = 0
-        return {"error": {"figures": {"preemptions": {"error": 0.0, "within": True},
+        return {"recorded": recorded,
+                "error": {"figures": {"preemptions": {"error": 0.0, "within": True},
                                       "TTFT p90": {"error": -0.03, "within": True}}, "within": True},
                 "configs": [{"settings": {**g, "max_num_seqs": 8}, "run_dir": str(tmp_path / f"sim{i}"),
                              "summary": predicted} for i, g in enumerate(grid)]}

@@ -21,7 +21,6 @@ import sys
 
 from ..analysis.doctor import examine
 from ..analysis.doctor import predict as predicting
-from ..analysis.summary import summarize
 from ..runs.rundir import resolve_run_dir
 from ..settings import load_expected
 from . import CliError, print_json, print_report
@@ -85,7 +84,8 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
             result, error = _replay(predict, run_dir, settings, args.out, args.jobs)
             if error is None:
-                predicting.attach(report.findings, summarize(run_dir), settings, result)
+                # the replay summarized the recorded run already (its baseline's reference)
+                predicting.attach(report.findings, predicting.figure_of(result, "recorded"), settings, result)
             else:
                 predicting.attach_error(report.findings, f"the replay could not run: {error}")
                 print(f"vllm-probe: doctor --whatif: {error}", file=sys.stderr)
