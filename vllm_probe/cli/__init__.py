@@ -11,9 +11,9 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto|trace] [filters]
     vllm-probe summary RUN_DIR [--json]
     vllm-probe compare RUN_DIR RUN_DIR [...]
-    vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
-    vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
     vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
+    vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
+    vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
@@ -46,9 +46,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vllm_probe.cli.export", "a run's events as JSONL, a Perfetto trace, or its workload as a timed trace"),
     "summary": ("vllm_probe.cli.summary", "one-screen summary of a run"),
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
-    "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
-    "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
     "doctor": ("vllm_probe.cli.doctor", "what went wrong in a run, the evidence, and what to change"),
+    "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
+    "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 
