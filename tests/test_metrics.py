@@ -295,16 +295,24 @@ def get(url: str) -> Series:
         return Series(r.read().decode())
 
 
-def wait_for(url: str, cond, timeout: float = 10.0) -> Series:
+def wait_for(url: str, cond, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> Series:
+    """The first scrape of ``url`` that satisfies ``cond``. With ``proc`` (the server's
+    process): the server may not answer yet, and the process must stay alive meanwhile."""
     deadline = time.monotonic() + timeout
+    m = None
     while True:
-        m = get(url)
+        if proc is not None:
+            assert proc.poll() is None, proc.communicate()
         try:
+            m = get(url)
             if cond(m):
                 return m
         except KeyError:
             pass
-        assert time.monotonic() < deadline, m.text[-2000:]
+        except OSError:
+            if proc is None:
+                raise
+        assert time.monotonic() < deadline, m.text[-2000:] if m is not None else "no answer"
         time.sleep(0.05)
 
 
@@ -386,18 +394,8 @@ def test_run_metrics_port_serves_while_the_command_runs_and_stops_at_its_exit(li
                                            sys.executable, "-c", FAKE_ENGINE, str(events), str(go)),
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # the server is up before the command starts; wait for the whole stream
-            assert proc.poll() is None, proc.communicate()
-            try:
-                m = get(url)
-                if m.samples.get(("vllm_probe_steps_total", frozenset({"engine": "0"}.items()))) == 9:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+    try:  # the server is up before the command starts; wait for the whole stream
+        m = wait_for(url, lambda m: m("vllm_probe_steps_total", engine="0") == 9, timeout=30, proc=proc)
         assert m("vllm_probe_preemptions_total", engine="0", reason="kv_cache") == 2
         assert m("vllm_probe_prefill_chunks_total", engine="0") == 7
         go.touch()
@@ -425,18 +423,9 @@ def test_sidecar_serves_a_finished_runs_totals_until_sigterm(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            try:
-                m = get(url)
-                if ("vllm_probe_steps_total", frozenset({"engine": "0", "model_name": "/m/tiny"}.items())) in m.samples:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
         e = {"engine": "0", "model_name": "/m/tiny"}
+        m = wait_for(url, lambda m: ("vllm_probe_steps_total", frozenset(e.items())) in m.samples, timeout=30,
+                     proc=proc)
         assert m("vllm_probe_steps_total", **e) == 9
         assert m("vllm_probe_discarded_tokens_total", reason="kv_cache", **e) == 161
         assert m("vllm_probe_events_written_total", **e) == len(scenario_preempt().events) - 1
