@@ -119,7 +119,7 @@ def scenario_chunked(engine: int = 0, pid: int = 4242, t: float = 100.0, req: st
 def scenario_preempt(t: float = 200.0) -> Stream:
     """Three requests (A 150, B 80, C 50 prompt tokens; 3 output tokens each), budget 100,
     ``max_num_seqs`` 2, all arriving at t. B is preempted at steps 3 and 5 and recomputed
-    (81, then 82 tokens). Figures by hand in tests/test_summary.py.
+    (81, then 82 tokens). Figures by hand in tests/analysis/test_summary.py.
     """
     s = Stream()
     B = 100

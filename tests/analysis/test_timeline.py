@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests._events import Stream
-from tests.test_state import hand_stream
+from tests.analysis.test_state import hand_stream
 from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.timeline import Timeline
 

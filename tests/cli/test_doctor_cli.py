@@ -8,8 +8,8 @@ import json
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_doctor_rules import Run, _stall, _storm
-from tests.test_settings import SEED_CONFIG_TOML
+from tests.analysis.test_doctor_rules import Run, _stall, _storm
+from tests.schema.test_settings import SEED_CONFIG_TOML
 from vllm_probe import cli
 from vllm_probe.analysis.summary import summarize
 
@@ -91,7 +91,7 @@ def test_whatif_without_vllm_is_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, capsys):
-    """A stand-in for the replay with its signature (the real one: tests/test_whatif_e2e.py):
+    """A stand-in for the replay with its signature (the real one: tests/e2e/test_whatif_e2e.py):
     it gets each remedy's settings once, in finding order, and its summaries become the
     predicted figures; the baseline's comparison reads as whatif's."""
     run = _write(_storm(200, (1, 1)), tmp_path / "run")

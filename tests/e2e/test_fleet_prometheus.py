@@ -38,7 +38,7 @@ import pytest
 
 from tests._fleet_replica import DONE
 from tests.conftest import QUICK_WORKLOAD, ROOT, _free_port, requires_vllm, vllm_probe_cmd
-from tests.test_grafana import DASHBOARD, queries, substitute
+from tests.exporters.test_grafana import DASHBOARD, queries, substitute
 from vllm_probe.analysis.figures import LATENCY_S_BOUNDS, STEP_TOKENS_BOUNDS
 from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.summary import summarize

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.conftest import ROOT, run_cli, vllm_probe_cmd
-from tests.test_state import hand_stream
+from tests.analysis.test_state import hand_stream
 
 STEP_LINE = re.compile(r"^\+\d+\.\d{3}s step (\d+) \| (\d+)/(\d+) tok ")
 PREEMPT_LINE = re.compile(r"^\+\d+\.\d{3}s preempt step (\d+) \| req (\S+) \| discarded (\d+) tok ")

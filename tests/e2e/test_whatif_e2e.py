@@ -1,5 +1,5 @@
 """``vllm-probe whatif`` on real engine runs of the tiny model (the session's shared runs:
-``quick_run``, the 1,024-budget run of tests/test_compare_e2e.py, plus a run with a
+``quick_run``, the 1,024-budget run of tests/e2e/test_compare_e2e.py, plus a run with a
 larger KV cache and a prefix-caching run).
 
 Offline bursts replay exactly: the recorded chunk boundaries and preemptions come back
@@ -15,7 +15,7 @@ import json
 import pytest
 
 from tests.conftest import QUICK_WORKLOAD, requires_vllm, run_cli
-from tests.test_compare_e2e import LARGE_BUDGET, with_budget
+from tests.e2e.test_compare_e2e import LARGE_BUDGET, with_budget
 from vllm_probe.analysis.summary import summarize
 from vllm_probe.analysis.workload import load_workload
 

@@ -2,7 +2,7 @@
 
 Runs ``python -m tests.compat --quick``: the oldest supported release's sources (cached
 under ``~/.cache/vllm-probe/compat``, or fetched: a ~470 MB wheel of which ~15 MB of
-``.py`` files are kept) with ``tests/test_release.py`` and ``tests/test_scheduler_events.py``
+``.py`` files are kept) with ``tests/engine/test_release.py`` and ``tests/engine/test_scheduler_events.py``
 in a subprocess. Skips when the sources can be neither found nor fetched (no network).
 The full matrix is ``make compat`` (docs/compatibility.md), not part of ``make test``.
 """

@@ -11,7 +11,7 @@ a random salt) are masked; everything else — field order, separators, number
 formatting, omitted optional fields, the final ``probe_stats`` — must match byte for
 byte. Optional fields added since (:data:`ADDED_SINCE`) are cut out of the new lines
 before the comparison: the rest of each line must not move; their values are tested
-where they are made (``head_blocked_by``: tests/test_head_blocked_by.py).
+where they are made (``head_blocked_by``: tests/engine/test_head_blocked_by.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import requires_vllm
 
-GOLDEN = Path(__file__).parent / "data" / "harness_events.masked.jsonl"
+GOLDEN = Path(__file__).parents[1] / "data" / "harness_events.masked.jsonl"
 _VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us|device_memory_bytes)": -?[0-9][0-9.e+-]*')
 _DIGEST = re.compile(rb'"[0-9a-f]{16}"')
 #: Optional fields written since the golden file (the last field of their kind, so the
@@ -90,7 +90,7 @@ def test_hooks_and_sink_write_the_same_bytes_as_before(tmp_path):
 #: Lines of a real engine run (``examples/long_prompts.py`` with the tests' quick workload,
 #: vLLM 0.32 CPU, written as of commit 1649c4d): engine_config, 124 steps, 38 chunks,
 #: 4 preemptions, 8 requests added and finished.
-REAL_RUN = Path(__file__).parent / "data" / "real_run_lines.jsonl"
+REAL_RUN = Path(__file__).parents[1] / "data" / "real_run_lines.jsonl"
 
 
 def test_a_real_runs_events_render_to_the_same_bytes(tmp_path):

@@ -4,7 +4,7 @@
 0.32 in the default suite, and every release of the compatibility matrix under
 ``python -m tests.compat`` (which puts that release's sources first on ``PYTHONPATH``).
 Stand-ins for the refusal without another release's sources are in
-tests/test_guarantees_hooks.py (``test_too_old_release_patches_nothing``).
+tests/engine/test_guarantees_hooks.py (``test_too_old_release_patches_nothing``).
 """
 
 from __future__ import annotations

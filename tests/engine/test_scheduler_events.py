@@ -389,7 +389,7 @@ def _appended(monkeypatch, field, names=HOOK_KINDS):
 def _run_into_file(vllm_mod, path):
     """The preempting workload, probed into an EventSink file; returns its masked lines."""
     from tests._workload import SPEC, trace, workload
-    from tests.test_event_bytes import mask
+    from tests.engine.test_event_bytes import mask
     from vllm_probe.engine import hooks, patches
     from vllm_probe.engine.sink import EventSink
     from vllm_probe.settings import ProbeFlags

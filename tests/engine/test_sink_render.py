@@ -135,7 +135,7 @@ def test_the_probes_own_events_take_msgspecs_path(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("json.dumps was used")
 
-    lines = (Path(__file__).parent / "data" / "real_run_lines.jsonl").read_bytes().splitlines()
+    lines = (Path(__file__).parents[1] / "data" / "real_run_lines.jsonl").read_bytes().splitlines()
     events = [json.loads(raw) for raw in lines]
     monkeypatch.setattr(sink_module.json, "dumps", refuse)
     assert [_ours(e) for e in events] == lines

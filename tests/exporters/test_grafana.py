@@ -2,7 +2,7 @@
 uses (the classic model: grafana.com/docs/grafana/latest/dashboards/build-dashboards/
 view-dashboard-json-model/), and its queries against the metrics that exist.
 
-That every query runs on a real Prometheus and returns data: tests/test_fleet_prometheus.py.
+That every query runs on a real Prometheus and returns data: tests/e2e/test_fleet_prometheus.py.
 """
 
 from __future__ import annotations

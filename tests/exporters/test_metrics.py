@@ -1,10 +1,10 @@
 """Prometheus metrics (vllm_probe/exporters/prometheus.py) without an engine.
 
 The collector's series on the hand-made streams of tests/_events.py, whose figures are
-worked out by hand there and in tests/test_summary.py; the server over HTTP on a run
+worked out by hand there and in tests/analysis/test_summary.py; the server over HTTP on a run
 directory that grows, with a malformed and a half-written line; ``run --metrics-port``
 and the ``metrics`` sidecar end to end with a command that writes events itself.
-The real engines and a real Prometheus server: tests/test_fleet_prometheus.py.
+The real engines and a real Prometheus server: tests/e2e/test_fleet_prometheus.py.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def test_model_name_labels_every_engine_series_when_known():
 
 
 def test_head_blocked_counts_are_the_steps_with_each_reason():
-    from tests.test_doctor_rules import Run
+    from tests.analysis.test_doctor_rules import Run
 
     r = Run()
     r.step(running=1, waiting=2, blocked="kv_cache", times=3)
@@ -256,7 +256,7 @@ def test_findings_are_one_series_each_while_they_hold():
 def test_the_server_serves_the_doctors_findings_on_what_it_followed(tmp_path):
     """The metrics server runs the doctor's rules on the state it follows: the findings
     `vllm-probe doctor` reports on the same run, one series each."""
-    from tests.test_doctor_rules import _storm
+    from tests.analysis.test_doctor_rules import _storm
     from vllm_probe.analysis.doctor import examine
 
     run = tmp_path / "run"

@@ -12,7 +12,7 @@ import textwrap
 import time
 
 from tests.conftest import ROOT, run_cli
-from tests.test_state import hand_stream
+from tests.analysis.test_state import hand_stream
 
 #: A stand-in for a vLLM script: writes the hand-made events where the probe would,
 #: prints to stdout and stderr, then exits with the code given as argv[1].

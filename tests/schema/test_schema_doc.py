@@ -6,7 +6,7 @@ from vllm_probe.schema.events import COMMON_FIELDS, KINDS, render_markdown
 
 
 def test_docs_events_md_is_current():
-    doc = Path(__file__).resolve().parents[1] / "docs" / "events.md"
+    doc = Path(__file__).resolve().parents[2] / "docs" / "events.md"
     assert doc.read_text() == render_markdown(), "run `make docs` (python -m vllm_probe.schema.events > docs/events.md)"
 
 

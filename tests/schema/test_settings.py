@@ -9,7 +9,7 @@ import pytest
 
 from vllm_probe.settings import ProbeFlags, SettingsError, load_settings
 
-ROOT_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
+ROOT_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[2] / "configs"
 
 
 def write(tmp_path, name, text):

@@ -1,6 +1,6 @@
 """``vllm-probe whatif`` without a real engine: hand-made runs written by vLLM's real
 scheduler on a clock whose step times are known, the settings and their checks, the
-timed-trace format, bad input. Real-engine runs: tests/test_whatif_e2e.py."""
+timed-trace format, bad input. Real-engine runs: tests/e2e/test_whatif_e2e.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
-from tests.test_state import hand_stream, upto
+from tests.analysis.test_state import hand_stream, upto
 from vllm_probe.schema.records import from_dict
 from vllm_probe.tui.charts import bucket_steps, budget_bar, token_chart
 from vllm_probe.tui.dashboard import View
@@ -192,7 +192,7 @@ def test_probe_losses_are_shown():
 
 
 def test_priority_column_prefix_hits_and_longest_queues():
-    from tests.test_run_figures import prefix_stream
+    from tests.analysis.test_run_figures import prefix_stream
 
     events = prefix_stream().events
     for ev in events:

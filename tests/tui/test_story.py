@@ -8,7 +8,7 @@ import re
 
 from rich.console import Console
 
-from tests.test_doctor_rules import Run
+from tests.analysis.test_doctor_rules import Run
 from vllm_probe.analysis.doctor import diagnose
 from vllm_probe.analysis.episodes import Episodes, notable_moments
 from vllm_probe.analysis.state import RunState
