@@ -34,7 +34,7 @@ the budget), and the async rule above replaces vLLM's literal ``max_num_seqs``.
 The release differences (where the head is, the admission cap, the pause states,
 which prefill deferrals exist) are entries of :data:`vllm_probe.engine.compat.DIFFERENCES`;
 :class:`AdmissionProfile` reads them from the scheduler once, in the ``__init__`` hook.
-Validated on the real scheduler of every minor release 0.12–0.33 (tests/test_head_blocked_by.py,
+Validated on the real scheduler of every minor release 0.12–0.33 (tests/engine/test_head_blocked_by.py,
 run by the compatibility suite). Known limits are listed in docs/events.md under ``step``.
 """
 
