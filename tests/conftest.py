@@ -29,6 +29,19 @@ QUICK_WORKLOAD = [
 
 requires_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 
+#: The fixtures below that start a real vLLM engine. A test using one of them, directly or
+#: through another fixture, is marked ``engine`` at collection (:func:`pytest_collection_modifyitems`),
+#: so ``-m "not engine"`` leaves it out without a marker written in its file.
+ENGINE_FIXTURES = frozenset({"probe_run", "quick_run", "server_run", "unprobed_quick_run"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``engine`` every collected test that uses a fixture of :data:`ENGINE_FIXTURES`."""
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
 
 def vllm_probe_cmd(*args: str) -> list[str]:
     """The ``vllm-probe`` command line with this interpreter (works without PATH)."""

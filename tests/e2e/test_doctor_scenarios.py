@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import requires_vllm, run_cli
 
-pytestmark = [requires_vllm, pytest.mark.engine]
+pytestmark = [requires_vllm, pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

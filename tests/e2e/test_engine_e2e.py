@@ -100,6 +100,7 @@ def test_probe_not_enabled_patches_nothing(unprobed_quick_run):
     assert "vllm-probe:" not in proc.stdout + proc.stderr  # no "patched" line, no warning
 
 
+@pytest.mark.slow  # starts the OpenAI server (session fixture shared with e2e/test_guarantees_engine.py)
 def test_openai_server_under_the_probe(server_run):
     assert server_run.statuses == [200] * SERVER_REQUESTS
     assert [r["usage"]["completion_tokens"] for r in server_run.responses] == [SERVER_MAX_TOKENS] * SERVER_REQUESTS

@@ -44,7 +44,7 @@ from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.summary import summarize
 from vllm_probe.runs.reader import ReadStats, iter_run
 
-pytestmark = [pytest.mark.engine, requires_vllm]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, requires_vllm]
 
 PROMETHEUS = shutil.which("prometheus")
 REQUIRED = os.environ.get("VLLMPROBE_TEST_REQUIRE_PROMETHEUS") == "1"

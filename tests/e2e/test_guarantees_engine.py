@@ -36,7 +36,7 @@ from vllm_probe.schema.events import COMMON_FIELDS, KINDS
 from vllm_probe.runs.rundir import event_files
 from vllm_probe.engine.sink import FLUSH_INTERVAL_S
 
-pytestmark = [requires_vllm, pytest.mark.engine]
+pytestmark = [requires_vllm, pytest.mark.engine, pytest.mark.slow]
 
 
 def read_events(path):

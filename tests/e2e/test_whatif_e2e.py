@@ -19,7 +19,7 @@ from tests.e2e.test_compare_e2e import LARGE_BUDGET, with_budget
 from vllm_probe.analysis.summary import summarize
 from vllm_probe.analysis.workload import load_workload
 
-pytestmark = [requires_vllm, pytest.mark.engine]
+pytestmark = [requires_vllm, pytest.mark.engine, pytest.mark.slow]
 
 #: QUICK_WORKLOAD with 30 KV blocks instead of 20.
 MORE_KV = "30"

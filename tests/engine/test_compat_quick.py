@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, requires_vllm
 
-pytestmark = requires_vllm
+pytestmark = [requires_vllm, pytest.mark.slow]
 
 
 def test_quick_compat_on_oldest_supported_release():
