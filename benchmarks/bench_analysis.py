@@ -50,7 +50,7 @@ TARGETED = ("export", "summary", "summary+moments", "doctor")
 
 class _Writer:
     def __init__(self, path: Path, pid: int, engine: int) -> None:
-        self.f = open(path, "w", buffering=1 << 20)
+        self.f = open(path, "w", buffering=1 << 20)  # noqa: SIM115 - closed by close()
         self.pid, self.engine, self.n = pid, engine, 0
         self.dumps = json.JSONEncoder(separators=(", ", ": ")).encode
 
@@ -96,14 +96,15 @@ def _simulate_engine(w: _Writer, n_events: int, rng: random.Random, t0: float) -
         tokens = decode = prefill = dreq = preq = new = 0
         preempted: list[str] = []
         used = sum((r["done"] + r["out"]) // block + 1 for r in running)
-        for r in list(running):  # decodes
+        for r in list(running):  # decodes  # noqa: PERF101 - running shrinks inside the loop
             if r["done"] >= r["pass_len"]:
                 if used >= blocks - 1 and running:
                     victim = running.pop()
                     preempted.append(victim["id"])
                     victim["pre"] += 1
-                    w.emit("preempt", ts, step=step, req_id=victim["id"], discarded_tokens=victim["done"] + victim["out"],
-                           prompt_len=victim["p"], output_tokens=victim["out"], num_preemptions=victim["pre"],
+                    w.emit("preempt", ts, step=step, req_id=victim["id"],
+                           discarded_tokens=victim["done"] + victim["out"], prompt_len=victim["p"],
+                           output_tokens=victim["out"], num_preemptions=victim["pre"],
                            kv_usage=0.99, running=len(running), waiting=len(waiting) + 1, reason="kv_cache")
                     used -= (victim["done"] + victim["out"]) // block + 1
                     victim.update(done=0, chunk=0, resumed=True, pass_len=victim["p"] + victim["out"])
@@ -176,7 +177,8 @@ import json, resource, sys, time
 from pathlib import Path
 from vllm_probe.runs.reader import ReadStats
 what, run_dir, out = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-import vllm_probe.exporters.jsonl, vllm_probe.analysis.summary, vllm_probe.exporters.perfetto  # imports before the baseline
+# imports before the baseline
+import vllm_probe.exporters.jsonl, vllm_probe.analysis.summary, vllm_probe.exporters.perfetto
 import vllm_probe.analysis.doctor
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 stats = ReadStats()
@@ -266,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(f.stat().st_size for f in run.glob("events-*.jsonl"))
             print(f"run of {n:,} events ({size / 2**20:.0f} MiB, 2 engine cores)"
                   + (f" generated in {time.perf_counter() - t:.1f} s" if total else ""), flush=True)
-            kinds = ["export", "summary", "summary+moments", "doctor", "export-gz"] + (["perfetto"] if args.perfetto else [])
+            kinds = (["export", "summary", "summary+moments", "doctor", "export-gz"]
+                     + (["perfetto"] if args.perfetto else []))
             for what in kinds:
                 best = None
                 for _ in range(args.repeat if what in TARGETED else 1):

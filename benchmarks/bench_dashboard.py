@@ -87,8 +87,9 @@ class Workload:
         out: list[dict] = []
         self.ts += self.step_s
         while len(self.waiting) < self.waiting_target:
-            req = {"id": f"req-{self.next_id}", "prompt": self.rng.randrange(1024, 4096), "max": self.rng.randrange(64, 512),
-                   "computed": 0, "out": 0, "pass_len": None, "chunk": 0, "resumed": False, "pre": 0}
+            req = {"id": f"req-{self.next_id}", "prompt": self.rng.randrange(1024, 4096),
+                   "max": self.rng.randrange(64, 512), "computed": 0, "out": 0, "pass_len": None, "chunk": 0,
+                   "resumed": False, "pre": 0}
             req["pass_len"] = req["prompt"]
             self.next_id += 1
             self.waiting.append(req)
@@ -250,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput: {events_per_s:,.0f} events/s = {steps_per_s:,.0f} step events/s of consumer CPU "
         f"(target >= {TARGET_STEPS_PER_S:,} step events/s)",
         f"cost: {per_event_us:.1f} us per event (read + parse + state), {per_frame_ms:.1f} ms per frame (render)",
-        f"CPU share at {TARGET_STEPS_PER_S:,} step events/s and {REFRESH_HZ} refreshes/s: {100 * share:.1f}% of one core "
+        f"CPU share at {TARGET_STEPS_PER_S:,} step events/s and {REFRESH_HZ} refreshes/s: "
+        f"{100 * share:.1f}% of one core "
         f"(target <= {100 * TARGET_CPU_SHARE:.0f}%)",
     ]
     if args.memory_steps:

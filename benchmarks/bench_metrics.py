@@ -259,7 +259,8 @@ def memory(steps: int, scrape_every: int = 2000) -> dict:
 def _ms(values: list[float]) -> str:
     values = sorted(values)
     p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
-    return f"median {statistics.median(values):.1f} ms, p99 {p99:.1f} ms, max {values[-1]:.1f} ms ({len(values)} scrapes)"
+    return (f"median {statistics.median(values):.1f} ms, p99 {p99:.1f} ms, max {values[-1]:.1f} ms "
+            f"({len(values)} scrapes)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,7 +59,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 

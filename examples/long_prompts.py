@@ -10,8 +10,8 @@ Defaults are the seed's burst scaled for a 2-core CPU with the tiny local model
 real): 16 prompts of 1,536 tokens, 256 output tokens each, a token budget of 1,024
 (every prompt is cut into chunks) and a KV cache of 64 blocks of 128 tokens (8,064
 tokens: about 5 of the 16 requests at a time), so the engine preempts once the running
-requests' outputs outgrow the free blocks. About 30 s here, engine start included. Prompts are token ids, distinct per request,
-so prefix caching cannot merge them.
+requests' outputs outgrow the free blocks. About 30 s here, engine start included.
+Prompts are token ids, distinct per request, so prefix caching cannot merge them.
 
 ``--scenario configs/scenarios/NAME.yaml`` takes engine and workload settings from a
 scenario file (see configs/scenarios/); command-line flags given explicitly win. In a

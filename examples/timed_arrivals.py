@@ -100,7 +100,7 @@ async def serve(a: argparse.Namespace) -> int:
         await asyncio.sleep(max(0.0, at - (time.perf_counter() - t0)))
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         last = None
-        async for last in engine.generate(TokensPrompt(prompt_token_ids=prompt), params,
+        async for last in engine.generate(TokensPrompt(prompt_token_ids=prompt), params,  # noqa: B007 - keeps the last
                                           request_id=f"r{i}", priority=priority):
             pass
         return len(last.outputs[0].token_ids) if last is not None else 0

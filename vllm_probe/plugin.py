@@ -26,7 +26,7 @@ def _log_info(msg: str, *args: object) -> None:
 
 def register() -> None:
     """Install the probe if enabled; safe to call any number of times, never raises."""
-    global _registered
+    global _registered  # noqa: PLW0603 - one registration per process
     if _registered or os.environ.get(envvars.ENABLE) != "1":
         return
     _registered = True

@@ -39,7 +39,7 @@ import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 import msgspec
 import yaml
@@ -77,20 +77,20 @@ class ProbeFlags(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class _Sampling(msgspec.Struct, forbid_unknown_fields=True):
     """The ``sampling`` section, read by the examples (absent keys stay UNSET)."""
 
-    temperature: Union[int, float, UnsetType] = UNSET
-    top_p: Union[int, float, UnsetType] = UNSET
-    max_tokens: Union[int, UnsetType] = UNSET
-    seed: Union[int, UnsetType] = UNSET
+    temperature: int | float | UnsetType = UNSET
+    top_p: int | float | UnsetType = UNSET
+    max_tokens: int | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
 
 
 class _SettingsFile(msgspec.Struct):
     """A settings file's top level: every section optional, none of the probe's and the
     examples' may be null; other tools' sections pass unchecked."""
 
-    model: Union[str, UnsetType] = UNSET
-    sampling: Union[_Sampling, UnsetType] = UNSET
+    model: str | UnsetType = UNSET
+    sampling: _Sampling | UnsetType = UNSET
     scheduler_probe: ProbeFlags = msgspec.field(default_factory=ProbeFlags)
-    scheduler: Union[dict[str, Any], UnsetType] = UNSET
+    scheduler: dict[str, Any] | UnsetType = UNSET
 
 
 #: Sections of a settings file the probe reads (all others are other tools').

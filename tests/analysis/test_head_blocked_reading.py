@@ -52,7 +52,7 @@ def test_summary_shares_over_the_steps_that_carried_it():
     assert s.head_blocked_steps == 8
     assert s.head_blocked_by == {"kv_cache": 3 / 8, "token_budget": 2 / 8, "preemption": 1 / 8, "deferred": 1 / 8,
                                  "other": 1 / 8}
-    assert list(s.head_blocked_by)[0] == "kv_cache"  # most frequent first
+    assert next(iter(s.head_blocked_by)) == "kv_cache"  # most frequent first
     assert s.to_dict()["head_blocked_by"]["kv_cache"] == 0.375
 
 

@@ -49,7 +49,8 @@ def test_metrics_benchmark_quick_prints_its_figures(capsys):
 
     assert bench_metrics.main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for start in ("follower: 2,000 steps", "live, 1 engine", "scrape of a finished run, 8 engines' series", "scrape CPU in the server",
+    for start in ("follower: 2,000 steps", "live, 1 engine", "scrape of a finished run, 8 engines' series",
+                  "scrape CPU in the server",
                   "scrape while following 8",
                   "memory over 4,000 steps", "verdict:"):
         assert any(line.startswith(start) for line in out.splitlines()), (start, out)

@@ -177,7 +177,7 @@ def test_a_file_the_kernel_refuses_is_one_line_and_recorded(tmp_path, monkeypatc
     _make_files(tmp_path, {"+x prog": b"\x7fELF\x02\x01\x01\x00garbage"})
     monkeypatch.chdir(tmp_path)
     rc = main(["run", "--out", "run", "--", "./prog"])
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert rc == 126 and "Traceback" not in err
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert errors == ["vllm-probe: error: cannot start ./prog: Exec format error"]
@@ -203,7 +203,7 @@ def test_internal_error_is_one_line_unless_debugging(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(run_cmd, "main", broken)
     assert main(["run", "--", "true"]) == 1
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     assert err.strip() == ("vllm-probe: error: internal error (RuntimeError: boom); "
                            "set VLLMPROBE_DEBUG=1 for the traceback")
     monkeypatch.setenv("VLLMPROBE_DEBUG", "1")

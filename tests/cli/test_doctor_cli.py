@@ -64,18 +64,21 @@ def test_expect_the_seed_config_against_a_run_started_with_other_flags(tmp_path,
                                         {"setting": "max_num_seqs", "expected": 64, "effective": 8}]
     assert f["evidence"]["not_recorded"] == ["gpu_memory_utilization"]
     assert f["remedy"]["whatif"] == {"max_num_batched_tokens": 8192, "max_num_seqs": 64}
-    assert f["remedy"]["arithmetic"].startswith("pass --max-num-batched-tokens 8192, --max-num-seqs 64 on the command line")
+    assert f["remedy"]["arithmetic"].startswith(
+        "pass --max-num-batched-tokens 8192, --max-num-seqs 64 on the command line")
     assert f["evidence"]["not_in_v1"] == [{"setting": "preemption_mode",
                                            "note": "vLLM V1 always preempts by recompute (the swap mode was V0's)"}]
 
 
 def test_the_expectations_recorded_by_run_settings_are_used(tmp_path, capsys):
     meta = {"command": ["python", "x.py"], "start_time": 99.0, "end_time": 200.0, "exit_code": 0,
-            "expected": {"source": "configs/config.toml", "engine": {"max_num_seqs": 64}, "model": None, "sampling": None}}
+            "expected": {"source": "configs/config.toml", "engine": {"max_num_seqs": 64}, "model": None,
+                         "sampling": None}}
     run = _write(_storm(200, (1, 1)), tmp_path / "run", meta)
     cli.main(["doctor", str(run), "--json"])
     (f,) = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "config-not-applied"]
-    assert f["message"].startswith("1 setting of configs/config.toml did not take effect: max_num_seqs 64 expected, 8 in force")
+    assert f["message"].startswith(
+        "1 setting of configs/config.toml did not take effect: max_num_seqs 64 expected, 8 in force")
 
 
 def test_whatif_without_vllm_is_one_line(tmp_path, monkeypatch, capsys):
@@ -117,7 +120,8 @@ def test_whatif_puts_predicted_against_recorded_figures(tmp_path, monkeypatch, c
     (f,) = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == "preemption-storm"]
     assert calls == [(str(run), [f["remedy"]["whatif"]], None, 2)]
     assert f["predicted"]["settings"] == f["remedy"]["whatif"] and f["predicted"]["run_dir"] == str(tmp_path / "sim0")
-    assert f["predicted"]["figures"]["preemptions"] == {"recorded": recorded.preemptions.count, "predicted": 0, "unit": ""}
+    assert f["predicted"]["figures"]["preemptions"] == {"recorded": recorded.preemptions.count, "predicted": 0,
+                                                        "unit": ""}
     assert f["predicted"]["baseline_error"] == {"within": True, "figures": {"preemptions": 0.0, "TTFT p90": -0.03},
                                                 "off": []}
     assert f["predicted"]["resolved"] is True and f["predicted"]["goal"] == {"figure": "preemptions", "target": 0}

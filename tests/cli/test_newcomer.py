@@ -160,7 +160,8 @@ def test_spawn_hint_from_the_script(tmp_path):
     script.write_text(SEED_SCRIPT.format(model="/tiny"), encoding="utf-8")
     assert unguarded_engine_call(script) == 4  # `llm = LLM(` is line 4
     hint = spawn_hint([sys.executable, str(script)])
-    assert hint.startswith("seed43.py starts vLLM at import time (line 4); if the error above says") and hint.endswith(HINT)
+    assert hint.startswith("seed43.py starts vLLM at import time (line 4); if the error above says")
+    assert hint.endswith(HINT)
     assert spawn_hint([sys.executable, "-u", str(script)]) == hint
     guarded = tmp_path / "guarded.py"
     body = "\n".join("    " + line for line in SEED_SCRIPT.format(model="/tiny").splitlines()[1:])

@@ -72,31 +72,31 @@ def test_differences_and_deltas_on_hand_made_runs(tmp_path):
 def test_larger_budget_means_fewer_steps_and_chunks(quick_run, probe_run):
     small = quick_run  # QUICK_WORKLOAD: budget 256
     large = probe_run(*with_budget(LARGE_BUDGET))
-    s, l = summarize(small), summarize(large)
-    assert (s.config["max_num_batched_tokens"], l.config["max_num_batched_tokens"]) == (256, 1024)
-    assert s.requests_finished == l.requests_finished == 8
-    assert s.output_tokens == l.output_tokens == 8 * 300  # same workload
+    s, lg = summarize(small), summarize(large)
+    assert (s.config["max_num_batched_tokens"], lg.config["max_num_batched_tokens"]) == (256, 1024)
+    assert s.requests_finished == lg.requests_finished == 8
+    assert s.output_tokens == lg.output_tokens == 8 * 300  # same workload
     # the seed's §4.4 expectations, in the direction they must go
-    assert l.steps < s.steps
-    assert l.chunking.chunks_per_prompt.mean < s.chunking.chunks_per_prompt.mean
+    assert lg.steps < s.steps
+    assert lg.chunking.chunks_per_prompt.mean < s.chunking.chunks_per_prompt.mean
     assert s.chunking.chunks_per_prompt.max >= 3  # a 600-token prompt needs 3 steps at 256
-    assert l.chunking.reread_kv_tokens < s.chunking.reread_kv_tokens
-    assert l.tokens_per_step.max > 256 >= s.tokens_per_step.max
-    assert l.latency.ttft_steps.median < s.latency.ttft_steps.median
-    diffs = config_differences([s, l])
+    assert lg.chunking.reread_kv_tokens < s.chunking.reread_kv_tokens
+    assert lg.tokens_per_step.max > 256 >= s.tokens_per_step.max
+    assert lg.latency.ttft_steps.median < s.latency.ttft_steps.median
+    diffs = config_differences([s, lg])
     assert diffs == {"max_num_batched_tokens": [256, 1024]}
-    assert command_differences([s, l]) == ["--max-num-batched-tokens 256", f"--max-num-batched-tokens {LARGE_BUDGET}"]
+    assert command_differences([s, lg]) == ["--max-num-batched-tokens 256", f"--max-num-batched-tokens {LARGE_BUDGET}"]
 
     r = cli("compare", str(small), str(large))
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "max_num_batched_tokens" in out and "1,024" in out and "Traceback" not in r.stderr
     steps_line = next(line for line in out.splitlines() if re.match(r"\s+steps\s+[\d,]+ ", line))
-    assert f"{s.steps:,}" in steps_line and f"{l.steps:,}" in steps_line and "−" in steps_line
+    assert f"{s.steps:,}" in steps_line and f"{lg.steps:,}" in steps_line and "−" in steps_line
     r = cli("compare", str(small), str(large), "--json")
     data = json.loads(r.stdout)
     row = next(x for x in data["figures"] if x["path"] == "steps")
-    assert row["values"] == [s.steps, l.steps] and row["deltas"][0]["verdict"] == "better"
+    assert row["values"] == [s.steps, lg.steps] and row["deltas"][0]["verdict"] == "better"
 
 
 # -- what to trust: step figures first, seconds judged against the runs' own noise ------------

@@ -41,7 +41,7 @@ def _events(run_dir, kind: str) -> list[dict]:
 
 
 def _index(req_id: str) -> int:
-    return int(req_id.split("-")[0])
+    return int(req_id.split("-", maxsplit=1)[0])
 
 
 def test_light_run_gives_nothing_above_info(scenario):
@@ -62,7 +62,8 @@ def test_short_behind_long_gives_head_of_line_blocking(scenario):
     for b in f["evidence"]["blocked"]:
         assert b["steps"][1] == first_chunk[b["req_id"]] - 1
     # the long prompts whole, the short ones, and a decode token per request running meanwhile
-    first, last = min(b["steps"][0] for b in f["evidence"]["blocked"]), max(b["steps"][1] for b in f["evidence"]["blocked"])
+    blocked = f["evidence"]["blocked"]
+    first, last = min(b["steps"][0] for b in blocked), max(b["steps"][1] for b in blocked)
     running = max(s["running"] for s in _events(run_dir, "step") if first <= s["step"] <= last)
     want = -(-(2048 * len(takers) + 256 + running) // 256) * 256
     assert (f["remedy"]["setting"], f["remedy"]["value"]) == ("max_num_batched_tokens", want)
@@ -97,7 +98,8 @@ def test_lone_long_prompt_gives_chunking_without_benefit(scenario):
     _, found, _ = scenario("lone-long-prompt")
     f = found["chunking-without-benefit"]
     assert _index(f["evidence"]["example"]) == 0
-    assert f["evidence"]["extra_steps"] == 2 and f["evidence"]["reread_kv_tokens"] == 1024 + 2048  # 3,000 = 1,024 × 2 + 952
+    # 3,000 = 1,024 × 2 + 952
+    assert f["evidence"]["extra_steps"] == 2 and f["evidence"]["reread_kv_tokens"] == 1024 + 2048
     assert f["remedy"]["value"] == 3072
 
 

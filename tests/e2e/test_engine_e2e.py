@@ -51,7 +51,7 @@ def test_offline_run_writes_every_event_kind(quick_run):
     first_pass = defaultdict(list)
     for c in (e for e in evs if e["event"] == "chunk" and not e["resumed"]):
         first_pass[c["req_id"]].append((c["start"], c["end"]))
-    for rid, spans in first_pass.items():
+    for spans in first_pass.values():
         assert spans[0][0] == 0 and spans[-1][1] == 600
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
     finished = [e for e in evs if e["event"] == "request_finished"]

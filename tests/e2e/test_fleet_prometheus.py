@@ -256,17 +256,20 @@ def test_rate_and_quantiles_are_sane(fleet):
         assert 0.95 * counts["steps"] <= total <= 1.25 * counts["steps"], (total, counts["steps"])
         # rate(): the highest rate over 30 s windows is the window that holds the whole run
         # (it steps for a few seconds): its steps / 30 s (/ its length when longer)
-        peak = prom.by_instance(f"max by (instance) (max_over_time(rate(vllm_probe_steps_total{{{sel}}}[30s])[1h:1s]))")[i]
+        peak = prom.by_instance(
+            f"max by (instance) (max_over_time(rate(vllm_probe_steps_total{{{sel}}}[30s])[1h:1s]))")[i]
         expected = counts["steps"] / max(30.0, summary.duration_s + 3 * SCRAPE_S)
         assert 0.8 * expected <= peak <= 1.25 * counts["steps"] / 30.0, (peak, expected, summary.duration_s)
         # the median tokens per step falls in the bucket of the exact order statistic
         tokens = sorted(counts["tokens_per_step"])
-        median = prom.by_instance(f"histogram_quantile(0.5, sum by (instance, le) (vllm_probe_step_tokens_bucket{{{sel}}}))")[i]
+        median = prom.by_instance(
+            f"histogram_quantile(0.5, sum by (instance, le) (vllm_probe_step_tokens_bucket{{{sel}}}))")[i]
         lo, hi = _bucket_bounds(STEP_TOKENS_BOUNDS, tokens[math.ceil(0.5 * len(tokens)) - 1])
         assert lo <= median <= hi, (median, lo, hi)
         # TTFT: p90 in the bucket of the exact p90 order statistic (the state's definition)
         ttfts: list[float] = []
-        RunState(on_request_finished=lambda req: ttfts.append(req.ttft_s)).apply_all(iter_run(r.run_dir, ReadStats()))
+        RunState(on_request_finished=lambda req: ttfts.append(req.ttft_s)).apply_all(  # noqa: B023 - used in this iteration
+            iter_run(r.run_dir, ReadStats()))
         ttfts.sort()
         p90 = prom.by_instance(f"histogram_quantile(0.9, sum by (instance, le) "
                                f"(vllm_probe_time_to_first_token_seconds_bucket{{{sel}}}))")[i]

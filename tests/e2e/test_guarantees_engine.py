@@ -170,7 +170,8 @@ def test_sigkill_of_the_engine_core_leaves_whole_lines(tmp_path):
             time.sleep(0.05)
         assert path is not None
         pid = int(path.stem.split("-")[1])
-        assert open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"VLLM::EngineCore")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert f.read().startswith(b"VLLM::EngineCore")
         size = path.stat().st_size
         while path.stat().st_size == size and time.time() < deadline:  # a flush happens now
             time.sleep(0.002)
@@ -207,7 +208,7 @@ def test_run_dir_holds_no_prompt_and_no_token_ids_and_is_private(run, request):
     else:
         run_dir = request.getfixturevalue(run)
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
-    files = [p for p in run_dir.rglob("*")]
+    files = list(run_dir.rglob("*"))
     assert files and all(p.is_file() for p in files)
     for p in files:
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p

@@ -215,7 +215,7 @@ def test_changed_signature_warns_and_other_hooks_work(installed, scheduler_cls, 
 
     cls = stand_in(scheduler_cls, "NewScheduler", replace={"_preempt_request": _preempt_request})
     caplog.set_level(logging.WARNING, logger="vllm_probe")
-    sink, _, patched = installed(cls, version="0.40.0")
+    sink, _, _ = installed(cls, version="0.40.0")
     assert probe_warnings(caplog) == [
         "vllm-probe: NewScheduler._preempt_request expected parameters (request), found "
         "(req, timestamp, drop_stale_output) in vLLM 0.40.0; preempt events are unavailable, "
@@ -371,7 +371,7 @@ def test_events_hold_no_token_ids(installed):
                 assert all(isinstance(v, str) for v in value), (kind, value)
     for kind in KINDS.values():
         for f in (*COMMON_FIELDS, *kind.fields):
-            assert "token_ids" not in f.name and "prompt" != f.name and "text" not in f.name
+            assert "token_ids" not in f.name and f.name != "prompt" and "text" not in f.name
             assert "list[int]" not in f.type
     assert all(len(ids) == 40 for ids in prompt_ids)
 

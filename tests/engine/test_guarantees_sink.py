@@ -160,7 +160,8 @@ def test_unwritable_run_dir(how, probed, reference, tmp_path, caplog):
     rt.sink.close()
     assert (rt.sink.written, rt.sink.dropped) == (0, len(expected))
     final = probe_warnings(caplog)[1:]
-    assert len(final) == 1 and final[0].startswith(f"vllm-probe: 0 events written, {len(expected)} dropped (cannot open")
+    assert len(final) == 1
+    assert final[0].startswith(f"vllm-probe: 0 events written, {len(expected)} dropped (cannot open")
     assert sorted(p.name for p in tmp_path.iterdir()) == (["afile"] if how == "parent is a file" else [])
 
 
@@ -195,7 +196,7 @@ class _DiskFull:
     """A file whose disk fills up after ``room`` bytes: later writes raise ENOSPC."""
 
     def __init__(self, path, room):
-        self._f = open(path, "ab", buffering=0)
+        self._f = open(path, "ab", buffering=0)  # noqa: SIM115 - a file stand-in, closed by close()
         self.room = room
 
     def write(self, data):
@@ -298,7 +299,7 @@ class _StalledFile:
     """A file whose write() blocks until ``release`` is set (a hung disk)."""
 
     def __init__(self, path):
-        self._f = open(path, "ab", buffering=0)
+        self._f = open(path, "ab", buffering=0)  # noqa: SIM115 - a file stand-in, closed by close()
         self.release = threading.Event()
         self.entered = threading.Event()
 

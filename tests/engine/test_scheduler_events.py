@@ -241,7 +241,8 @@ def test_engine_config_reports_effective_settings(probed):
     from vllm_probe.sim import harness as testing
 
     sink, _ = probed()
-    testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=80, max_num_seqs=7, num_blocks=33, block_size=16))
+    testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=80, max_num_seqs=7, num_blocks=33,
+                                                 block_size=16))
     (cfg,) = sink.of("engine_config")
     assert cfg["max_num_batched_tokens"] == 80
     assert cfg["max_num_seqs"] == 7

@@ -399,7 +399,7 @@ def test_run_metrics_port_serves_while_the_command_runs_and_stops_at_its_exit(li
         assert m("vllm_probe_preemptions_total", engine="0", reason="kv_cache") == 2
         assert m("vllm_probe_prefill_chunks_total", engine="0") == 7
         go.touch()
-        stdout, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -430,7 +430,7 @@ def test_sidecar_serves_a_finished_runs_totals_until_sigterm(tmp_path):
         assert m("vllm_probe_discarded_tokens_total", reason="kv_cache", **e) == 161
         assert m("vllm_probe_events_written_total", **e) == len(scenario_preempt().events) - 1
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()

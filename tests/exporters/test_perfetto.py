@@ -76,7 +76,8 @@ def trace_of(events, **kw) -> dict:
 
 
 def track(events, tid):
-    return sorted((e for e in events if e.get("tid") == tid and e["ph"] in "Xi"), key=lambda e: (e["ts"], e["ph"] == "X"))
+    return sorted((e for e in events if e.get("tid") == tid and e["ph"] in "Xi"),
+                  key=lambda e: (e["ts"], e["ph"] == "X"))
 
 
 def tid_of(events, label_start):
@@ -101,7 +102,8 @@ def test_chunked_prompt_slices_by_hand():
     ]
     assert track(events, tid)[0]["args"] == {"prompt_len": 5000, "max_tokens": 4, "priority": 0}
     chunk = track(events, tid)[2]["args"]
-    assert (chunk["chunk_index"], chunk["start"], chunk["end"], chunk["tokens"], chunk["step"]) == (1, 2048, 4096, 2048, 1)
+    assert ((chunk["chunk_index"], chunk["start"], chunk["end"], chunk["tokens"], chunk["step"])
+            == (1, 2048, 4096, 2048, 1))
     assert track(events, tid)[-1]["args"]["output_tokens"] == 4
     sched = track(events, SCHED_TID)
     assert [(e["name"], e["args"]["step"], e["ts"], e["dur"]) for e in sched[:2]] == [

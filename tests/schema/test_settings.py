@@ -41,7 +41,8 @@ def test_defaults_without_a_file():
 
 @pytest.mark.parametrize("text,fragment", [
     ('{"scheduler_probe": {"log_preempt_event": true}}', "unknown key 'scheduler_probe.log_preempt_event'"),
-    ('{"scheduler_probe": {"log_preempt_events": "yes"}}', 'scheduler_probe.log_preempt_events: expected true/false, got "yes"'),
+    ('{"scheduler_probe": {"log_preempt_events": "yes"}}',
+     'scheduler_probe.log_preempt_events: expected true/false, got "yes"'),
     ('{"scheduler_probe": {"queue_capacity": true}}', "scheduler_probe.queue_capacity: expected an integer, got true"),
     ('{"scheduler_probe": {"queue_capacity": 0}}', "queue_capacity must be at least 1"),
     ('{"sampling": {"max_tokens": 1.5}}', "sampling.max_tokens: expected an integer, got 1.5"),
@@ -79,10 +80,12 @@ def test_flags_round_trip_to_dict():
     ({"scheduler_probe": "x"}, 'scheduler_probe: expected an object, got "x"'),
     ({"scheduler_probe": {1: True}}, "unknown key 'scheduler_probe.1' (known: log_schedule_each_step, "
      "log_preempt_events, log_chunk_boundaries, log_request_events, log_block_digests, queue_capacity)"),
-    ({"scheduler_probe": {"log_preempt_events": None}}, "scheduler_probe.log_preempt_events: expected true/false, got null"),
+    ({"scheduler_probe": {"log_preempt_events": None}},
+     "scheduler_probe.log_preempt_events: expected true/false, got null"),
     ({"scheduler_probe": {"queue_capacity": 1.0}}, "scheduler_probe.queue_capacity: expected an integer, got 1.0"),
     ({"scheduler_probe": {"queue_capacity": -5}}, "scheduler_probe.queue_capacity must be at least 1"),
-    ({"scheduler_probe": {"queue_capacity": {"a": 1}}}, 'scheduler_probe.queue_capacity: expected an integer, got {"a": 1}'),
+    ({"scheduler_probe": {"queue_capacity": {"a": 1}}},
+     'scheduler_probe.queue_capacity: expected an integer, got {"a": 1}'),
 ])
 def test_msgspec_errors_read_as_one_line_naming_the_key(data, message):
     """msgspec.convert checks the file against the Structs; its errors are rewritten to

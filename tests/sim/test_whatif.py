@@ -300,7 +300,7 @@ def test_resolve_keeps_derived_budgets_derived():
 
 
 def test_gpu_memory_utilization_moves_the_kv_blocks_by_memory_over_block_bytes():
-    cfg = {k: v for k, v in CONFIG.items()}
+    cfg = dict(CONFIG)
     cfg["num_kv_blocks"] = 20000
     # +0.05 of 12 GiB = 644,245,094 bytes = 4,915.2 blocks of 128 KiB: 4,915 more
     assert engine_args.kv_blocks_for_utilization(cfg, 0.35) == 20000 + 4915

@@ -70,8 +70,8 @@ def test_preemption_panel_and_request_table():
     assert re.search(r"\b3\s+B\s+5 tok\s+2\s+×1\s+100%\s+1/1\b", text)
     # request table: B (preempted) comes before A (decoding)
     lines = text.splitlines()
-    b_row = next(i for i, l in enumerate(lines) if re.search(r"│\s+B\s+preempted ×1", l))
-    a_row = next(i for i, l in enumerate(lines) if re.search(r"│\s+A\s+decode", l))
+    b_row = next(i for i, ln in enumerate(lines) if re.search(r"│\s+B\s+preempted ×1", ln))
+    a_row = next(i for i, ln in enumerate(lines) if re.search(r"│\s+A\s+decode", ln))
     assert b_row < a_row
     # A: prompt 10, ~12 computed and ~3 output at step 3, 2 chunks, queue 199 ms, TTFT 400 ms in 2 steps
     assert re.search(r"A\s+decode\s+10\s+~12\s+~3\s+2\s+0\s+199 ms\s+400 ms\s+2", lines[a_row])
@@ -105,7 +105,7 @@ def test_never_taller_than_the_terminal(width, height):
         text = render(state, width=width, height=height, now=100.8)
         lines = text.rstrip("\n").split("\n")
         assert len(lines) <= height, (width, height, cut)
-        assert max(len(l) for l in lines) <= width
+        assert max(len(ln) for ln in lines) <= width
 
 
 def test_small_terminal_says_so_and_keeps_key_figures():

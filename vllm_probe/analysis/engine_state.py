@@ -84,7 +84,7 @@ class WindowStats:
     decode_tokens: int = 0  # tokens
     preemptions: int = 0  # requests preempted in the window's steps
     preempt_rate: float | None = None  # preemptions/s
-    bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
+    bound_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LIMITS, 0))
 
     @property
     def budget_use(self) -> float | None:
@@ -179,7 +179,7 @@ class EngineState:
     #: each counted once per request as soon as it is known (finished or not)
     queue_s: Buckets = field(default_factory=lambda: Buckets(LATENCY_S_BOUNDS))
     ttft_s: Buckets = field(default_factory=lambda: Buckets(LATENCY_S_BOUNDS))
-    bound_counts: dict[str, int] = field(default_factory=lambda: {k: 0 for k in LIMITS})
+    bound_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LIMITS, 0))
     #: steps per ``step.head_blocked_by`` reason (why the head of the waiting queue was not
     #: admitted; :data:`~vllm_probe.schema.events.HEAD_BLOCKED_REASONS`, an unknown value as
     #: :data:`OTHER_REASON`); steps without the field (nothing waited, or an older probe)

@@ -499,7 +499,7 @@ def notable_moments(state: RunState, episodes: Episodes) -> list[Moment]:
         for w in ep.all_waits()[:MOMENTS_PER_KIND["wait"]]:
             if w.steps <= 0:
                 continue
-            takers, total, _ = ep.takers(w.arrival_step, w.first_step, exclude=w.req_id)
+            takers, _, _ = ep.takers(w.arrival_step, w.first_step, exclude=w.req_id)
             by = "; budget to " + ", ".join(f"{rid} {t:,} tok" for rid, t, _ in takers) if takers else ""
             why = _reasons_text(w.reasons)
             admitted = f"admitted at step {w.first_step}" if w.first_step <= state.engines[idx].last_step \

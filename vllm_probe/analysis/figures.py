@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 #: Names of the limits :func:`bound_by` can return, in tie-break order.
 LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
@@ -144,7 +144,7 @@ class Buckets:
         self.sum += value * n
 
     @classmethod
-    def of_counts(cls, counts: dict[float, int], bounds: Iterable[float]) -> "Buckets":
+    def of_counts(cls, counts: dict[float, int], bounds: Iterable[float]) -> Buckets:
         """Of an exact histogram ``{value: count}`` (as the state keeps some)."""
         b = cls(bounds)
         for value, n in counts.items():
@@ -214,7 +214,7 @@ class Distribution:
     max: float | None = None
 
     @classmethod
-    def of(cls, values: Iterable[float | None]) -> "Distribution":
+    def of(cls, values: Iterable[float | None]) -> Distribution:
         """Of ``values`` (None values left out)."""
         vals = sorted(v for v in values if v is not None)
         if not vals:
@@ -222,7 +222,7 @@ class Distribution:
         return cls(len(vals), sum(vals) / len(vals), quantile(vals, 0.5), quantile(vals, 0.9), vals[-1])
 
     @classmethod
-    def of_counts(cls, counts: dict[float, int]) -> "Distribution":
+    def of_counts(cls, counts: dict[float, int]) -> Distribution:
         """Of a histogram ``{value: count}``."""
         n = sum(counts.values())
         if n == 0:

@@ -16,7 +16,8 @@ Requests and their timings: :mod:`vllm_probe.analysis.requests`.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..schema.records import STRUCTS, from_dict
 from .engine_state import (
@@ -43,7 +44,7 @@ class RunState:
         step_window: int = STEP_WINDOW,
         finished_keep: int = FINISHED_KEEP,
         on_request_finished: Callable[[RequestState], None] | None = None,
-        listener: "StateListener | None" = None,
+        listener: StateListener | None = None,
         timeline_spans: int = MAX_SPANS,
     ) -> None:
         self.engines: dict[int, EngineState] = {}
@@ -94,7 +95,7 @@ class RunState:
         self.events += 1
         handler(eng, ev)
 
-    def apply_all(self, events) -> "RunState":
+    def apply_all(self, events) -> RunState:
         apply = self.apply
         for ev in events:
             apply(ev)
@@ -233,7 +234,8 @@ class RunState:
                 if rid in eng.requests:
                     self._finish(eng, rid, ts, None, None, None)
         if eng._awaiting_token:
-            done = [r for r in eng._awaiting_token.values() if r.first_token_step is not None and r.first_token_step < step]
+            done = [r for r in eng._awaiting_token.values()
+                    if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
                 req.first_token_ts = ts
                 del eng._awaiting_token[req.req_id]

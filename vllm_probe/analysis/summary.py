@@ -86,7 +86,8 @@ import gc
 import itertools
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import NoEventsError, event_files, never_started_note, read_meta
@@ -529,7 +530,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
         s.expected = {"source": expected.get("source"), "checks": [asdict(ch) for ch in checks]}
 
     # which limit bound the steps
-    counts = {k: 0 for k in LIMITS}
+    counts = dict.fromkeys(LIMITS, 0)
     for eng in engines.values():
         for k, n in eng.bound_counts.items():
             counts[k] = counts.get(k, 0) + n

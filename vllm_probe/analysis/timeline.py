@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 #: Spans kept per engine core (a finished run's chart has at most this many columns).
 MAX_SPANS = 512
@@ -154,7 +155,7 @@ class Span:
     def kv_mean(self) -> float:
         return self.kv_sum / self.steps if self.steps else 0.0
 
-    def merge(self, other: "Span") -> None:
+    def merge(self, other: Span) -> None:
         """Take in the span that follows this one."""
         self.last_step, self.last_ts = other.last_step, other.last_ts
         self.steps += other.steps
@@ -235,7 +236,8 @@ class Timeline:
         self.running_max = self.waiting_max = 0
         self.kv_max = 0.0
 
-    def runs(self, step: int, scheduled: int, budget: int, prefill: int, waiting: int, head_blocked: str | None) -> None:
+    def runs(self, step: int, scheduled: int, budget: int, prefill: int, waiting: int,
+             head_blocked: str | None) -> None:
         """Extend or close the stall and prefill-block runs with one step (its tokens, the
         requests waiting after it, its ``head_blocked_by``)."""
         if waiting:

@@ -34,7 +34,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Iterable
 
 from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import event_files
@@ -293,7 +294,7 @@ def availability_windows(w: Workload) -> None:
             finished += fin_steps[fi][1]
             fi += 1
         r.idle_add = added == finished
-        added += 1
+        added += 1  # noqa: SIM113 - read above, before this request counts
         hi = start.get(k, r.added_ts)
         r.avail_hi = hi
         r.avail_lo = hi if (r.idle_add or k - 1 not in start) else start[k - 1] + 1e-6

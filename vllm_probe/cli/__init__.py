@@ -31,7 +31,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import envvars
 from ..exporters.base import ExportError

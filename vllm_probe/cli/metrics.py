@@ -40,7 +40,7 @@ def port_number(text: str) -> int:
     return port
 
 
-def start_server(host: str, port: int) -> "MetricsServer":
+def start_server(host: str, port: int) -> MetricsServer:
     """Bind the metrics server (shared by ``run --metrics-port``).
 
     Raises:

@@ -9,7 +9,8 @@ from . import path_arg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", nargs="?", default=str(DEFAULT_DIR), type=path_arg, help=f"where to write it (default {DEFAULT_DIR})")
+    p.add_argument("dir", nargs="?", default=str(DEFAULT_DIR), type=path_arg,
+                   help=f"where to write it (default {DEFAULT_DIR})")
     p.add_argument("--overwrite", action="store_true", help="rewrite an existing folder")
 
 

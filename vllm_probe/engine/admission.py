@@ -41,7 +41,8 @@ run by the compatibility suite). Known limits are listed in docs/events.md under
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..schema.events import HEAD_BLOCKED_REASONS as REASONS
 from .compat import parse_version
@@ -193,7 +194,7 @@ class AdmissionProfile:
         self.skipped_queue = hasattr(sched, "skipped_waiting")
 
     @classmethod
-    def of(cls, sched: Any, version: str) -> "AdmissionProfile | None":
+    def of(cls, sched: Any, version: str) -> AdmissionProfile | None:
         """The profile of ``sched``, or None when its layout cannot be read (then the
         step events carry no ``head_blocked_by``). Never raises."""
         try:
@@ -282,9 +283,9 @@ def head_blocked_by(p: AdmissionProfile, s: Any, out: Any, preempted: Any,
     if token_left <= 0:
         return "token_budget"
     n_sched = len(out.num_scheduled_tokens)
-    if p.input_budget is not None and p.draft_slots:
-        if p.input_budget - total - p.draft_slots * n_sched <= p.draft_slots:
-            return "token_budget"
+    if (p.input_budget is not None and p.draft_slots
+            and p.input_budget - total - p.draft_slots * n_sched <= p.draft_slots):
+        return "token_budget"
     n_running = len(s.running)
     slots = n_running + (s.num_waiting_for_streaming_input if p.has_streaming else 0)
     cap = getattr(s, p.cap_attr)

@@ -6,16 +6,18 @@ is one entry of :data:`DIFFERENCES` below (what changed, in which release, how t
 handles it), and the readers below (:func:`token_budget`, :func:`queue_lengths_reader`,
 :func:`finish_reason`, :func:`engine_settings`) are where the hooks meet those
 differences. The methods the probe wraps, with the parameters each wrapper relies on,
-are the patch table in :mod:`.patches`; :func:`signature_problem` checks them. Written for the V1 scheduler of 0.12 and later; every minor release from
-0.12 to the newest is run by the compatibility suite (``python -m tests.compat``, the
-matrix in docs/compatibility.md). Releases before 0.12 are refused (:data:`MIN_SUPPORTED`).
+are the patch table in :mod:`.patches`; :func:`signature_problem` checks them. Written
+for the V1 scheduler of 0.12 and later; every minor release from 0.12 to the newest is
+run by the compatibility suite (``python -m tests.compat``, the matrix in
+docs/compatibility.md). Releases before 0.12 are refused (:data:`MIN_SUPPORTED`).
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 @dataclass(frozen=True)

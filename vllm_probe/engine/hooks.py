@@ -22,7 +22,8 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import __version__, envvars
 from . import compat
@@ -92,7 +93,7 @@ class Runtime:
     clock costs the hot path nothing over calling ``time.time`` directly.
     """
 
-    def __init__(self, flags: ProbeFlags, sink_factory: Callable[["Runtime"], Any],
+    def __init__(self, flags: ProbeFlags, sink_factory: Callable[[Runtime], Any],
                  clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter) -> None:
         self.flags = flags

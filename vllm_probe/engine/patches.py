@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..settings import ProbeFlags
 from . import compat

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _CHAINED = "__vllm_probe_chained__"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

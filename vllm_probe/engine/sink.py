@@ -33,7 +33,8 @@ from collections import deque
 from collections.abc import Iterable
 from multiprocessing import util as mp_util
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import msgspec
 import structlog

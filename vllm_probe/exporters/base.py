@@ -17,7 +17,8 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator, Protocol
+from typing import BinaryIO, Protocol
+from collections.abc import Iterator
 
 #: gzip level for ``.gz`` output: 6 is ~3x faster than the default 9 for 1-2 % more bytes.
 GZIP_LEVEL = 6

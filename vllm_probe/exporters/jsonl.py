@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO
+from collections.abc import Iterable, Iterator
 
 from ..runs.reader import ReadStats, iter_run_lines
 from ..runs.rundir import NoEventsError, event_files
@@ -45,7 +46,7 @@ class Filters:
 
     @classmethod
     def make(cls, kinds: str | Iterable[str] | None = None, request: str | None = None,
-             from_step: int | None = None, to_step: int | None = None) -> "Filters":
+             from_step: int | None = None, to_step: int | None = None) -> Filters:
         """Validated filters; ``kinds`` may be a comma-separated string.
 
         Raises:

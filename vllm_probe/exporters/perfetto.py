@@ -57,7 +57,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Iterable
+from typing import IO, Any, BinaryIO
+from collections.abc import Iterable
 
 from msgspec.json import Encoder
 
@@ -171,7 +172,7 @@ class TraceBuilder(StateListener):
         self.result.written += 1
 
     def _us(self, t: float) -> int:
-        v = int(round((t - self.t0) * 1e6))
+        v = round((t - self.t0) * 1e6)
         return v if v > 0 else 0
 
     def _meta(self, pid: int, tid: int, name: str, args: dict) -> None:

@@ -27,7 +27,8 @@ import threading
 import time
 from bisect import bisect_left
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (
@@ -183,7 +184,8 @@ class _Families:
         # -- steps and tokens
         self.counter("vllm_probe_steps_total", "Scheduler steps: calls of Scheduler.schedule() (step events).",
                      lambda e: e.steps)
-        self.counter("vllm_probe_scheduled_tokens_total", "Tokens scheduled, prefill and decode (step.scheduled_tokens).",
+        self.counter("vllm_probe_scheduled_tokens_total",
+                     "Tokens scheduled, prefill and decode (step.scheduled_tokens).",
                      lambda e: e.scheduled_tokens)
         self.counter("vllm_probe_prefill_tokens_total", "Prefill tokens scheduled, first passes and recomputes "
                      "(step.prefill_tokens).", lambda e: e.prefill_tokens)
@@ -443,7 +445,7 @@ class MetricsServer:
             self._http_thread.join(timeout=10)
             self._httpd = None
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 #: What Python's multiprocessing prints when a spawned child starts a process while it
 #: is importing the main module (CPython 3.8-3.13, ``multiprocessing/spawn.py``).

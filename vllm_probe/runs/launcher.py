@@ -21,7 +21,8 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
+from collections.abc import Callable, Iterator
 
 import msgspec
 

@@ -18,7 +18,8 @@ import os
 from operator import attrgetter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
@@ -91,7 +92,7 @@ def _read(path: Path, stats: ReadStats, with_lines: bool) -> Iterator:
     """The records of one file's event lines in file order (see :func:`_decode_lines`)."""
     stats.files.add(str(path))
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - the `with f:` below closes it
     except OSError:
         return
     with f:

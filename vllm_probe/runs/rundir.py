@@ -19,7 +19,8 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 #: Default parent of run directories, relative to the current directory.
 DEFAULT_ROOT = Path("vllm-probe-runs")

@@ -45,7 +45,8 @@ during the run (the model assumes it did not).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -133,10 +134,10 @@ def recorded_features(w: Workload) -> tuple[np.ndarray, np.ndarray]:
             ctx.pop(o, None)
         row = rows[i]
         dec = attn_d = 0
-        for o in ctx:
+        for o, n_ctx in ctx.items():
             dec += 1
-            attn_d += ctx[o] + 1
-            ctx[o] += 1
+            attn_d += n_ctx + 1
+            ctx[o] = n_ctx + 1
         pre_t = pre_r = attn_p = 0
         for c in chunks_by_step.get(k, ()):
             n = c.end - c.start
@@ -306,6 +307,6 @@ def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rou
               if len(a) and b.sum() > 0]
     quality = Quality(r2=r2(np.ones(len(y), bool)), r2_trimmed=r2(keep),
                       median_abs_ms=float(np.median(err) * 1e3), p90_abs_ms=float(np.quantile(err, 0.9) * 1e3),
-                      steps=int(len(y)), kept=int(keep.sum()), predicted_s=float(pred.sum()),
+                      steps=len(y), kept=int(keep.sum()), predicted_s=float(pred.sum()),
                       measured_s=float(y.sum()), drift=max((abs(t) for t in tenths), default=0.0))
     return StepTimeModel(terms, b0, tuple(float(c) for c in b), quality)

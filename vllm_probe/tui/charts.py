@@ -6,7 +6,8 @@ a chart's columns. rich has no chart widget, so the charts are block characters
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from rich.table import Table
 from rich.text import Text

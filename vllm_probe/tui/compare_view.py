@@ -147,7 +147,7 @@ def render(summaries: list[Summary]) -> RichGroup:
                 cells += [figure(v, r["unit"]), _fmt_delta(r, i)]
             t.add_row(Text("  " + r["figure"], style="dim"), *cells)
     parts.append(t)
-    classes = [c for c in summaries[0].latency_classes.classes]
+    classes = list(summaries[0].latency_classes.classes)
     if any(r["path"].startswith("latency_classes.") for r in data["figures"]):
         parts.append(Text("prompt classes (the baseline's): " + ", ".join(prompt_class(c) for c in classes)
                           + " tokens", style="dim"))

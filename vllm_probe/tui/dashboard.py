@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -187,7 +188,8 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
                         (count(steps), "bold"), (" steps", "dim"),
                         *([(" in ", "dim"), duration(stepping)] if stepping is not None else []), sep(),
                         *_step_rate(step_rate, per_second(steps, stepping), finished=bool(end)), sep(),
-                        ("schedule() ", "dim"), micros(sched_mean), (" mean, ", "dim"), micros(sched_max), (" max", "dim")]
+                        ("schedule() ", "dim"), micros(sched_mean), (" mean, ", "dim"), micros(sched_max),
+                        (" max", "dim")]
     if state.engines:  # the longest queues of the whole run (the chart shows recent steps only)
         parts += [sep(), ("most running ", "dim"), count(max((e.running_max or 0) for e in state.engines.values())),
                   (" waiting ", "dim"), count(max((e.waiting_max or 0) for e in state.engines.values()))]
@@ -196,7 +198,8 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
         parts += [sep(), (count(stats.events), ""), (" events", "dim")]
         skipped = stats.skipped + view.truncated
         if skipped:
-            what = [f"{n} {w}" for n, w in ((stats.malformed, "malformed"), (stats.partial + view.truncated, "truncated"),
+            what = [f"{n} {w}" for n, w in ((stats.malformed, "malformed"),
+                                           (stats.partial + view.truncated, "truncated"),
                                            (stats.unknown_kind, "unknown kind")) if n]
             warnings.append((f"{skipped} lines skipped ({', '.join(what)})", WARN_STYLE))
         if stats.newer_schema:
@@ -408,8 +411,8 @@ def prefills_panel(engines: list[EngineState], width: int, rows: int, multi: boo
         rows.append(row)
         bars.append((total, min(r.computed, total), "red" if r.passes > 1 else PREFILL_STYLE))
     # the progress bar takes what the other columns leave (6..30 cells)
-    others = sum(max(len(c[0]), max(Text(str(row[i])).cell_len if not isinstance(row[i], Text) else row[i].cell_len
-                                      for row in rows)) + 2 for i, c in enumerate(cols))
+    others = sum(max(len(c[0]), *(Text(str(row[i])).cell_len if not isinstance(row[i], Text) else row[i].cell_len
+                                     for row in rows)) + 2 for i, c in enumerate(cols))
     bar_w = max(min(width - 4 - others - 2, 30), 6)
     cols.insert(-1, ("progress", "left", ""))
     for row, (total, done, style) in zip(rows, bars):

@@ -5,7 +5,8 @@ findings panel. No computation here: findings come from :mod:`vllm_probe.analysi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -42,7 +43,8 @@ def _ev_storm(e: dict) -> list[str]:
         out.append("busiest steps: " + ", ".join(f"{b['step']} ({', '.join(b['preempted'][:3])})"
                                                  for b in e["busiest_steps"]))
     if e.get("peak_kv_demand_blocks"):
-        out.append(f"peak KV demand {count(e['peak_kv_demand_blocks'])} blocks for {e['peak_running']} running requests "
+        out.append(f"peak KV demand {count(e['peak_kv_demand_blocks'])} blocks for {e['peak_running']} "
+                   "running requests "
                    f"at full length; {count(e.get('usable_kv_blocks'))} usable")
     return out
 
@@ -226,7 +228,7 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
     replayed = next((f.predicted for f in report.findings if f.predicted and "baseline_error" in f.predicted), None)
     if replayed is not None:
         parts.append(baseline_line(replayed["baseline_error"]))
-    shown = [f for f in report.findings]
+    shown = list(report.findings)
     serious = [f for f in shown if f.severity in (CRITICAL, WARNING)]
     if not serious:
         parts.append(Text("No finding above info: nothing held this run back beyond what its workload asked for.",

@@ -14,7 +14,7 @@ that step (``| hit 256 tok |`` before ``preempted``; first passes and re-admissi
 Other event kinds print nothing. Numbers carry no thousands separators (easy to parse);
 shares read as everywhere else (:func:`vllm_probe.tui.format.pct`). Running totals come
 from the state the record was just applied to (:mod:`vllm_probe.analysis.state`).
-"""
+"""  # noqa: E501 - a --plain step line quoted whole
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ class PlainFormatter:
     def _engine(self, ev: Any) -> str:
         state = self.state
         config = state.config
-        multi = any(rank != 0 for rank in state.engines) or (config is not None and (config.data_parallel_size or 1) > 1)
+        multi = (any(rank != 0 for rank in state.engines)
+                 or (config is not None and (config.data_parallel_size or 1) > 1))
         return f" dp{ev.engine}" if multi else ""
 
     def _t(self, ts: float) -> str:

@@ -12,7 +12,7 @@ share; each names the step to jump to with ``tail --replay --from-step``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.console import Group
 from rich.panel import Panel
@@ -68,7 +68,8 @@ def overview_panel(engines: list[EngineState], width: int, rows: int) -> tuple[P
         top_run = max((r.running for r in recs), default=0)
         top_wait = max((r.waiting for r in recs), default=0)
         grid.add_row(Text("KV", style=KV_STYLE), spark([r.kv_usage for r in recs], 1.0, KV_STYLE))
-        grid.add_row(Text(f"run ≤{top_run}", style=DECODE_STYLE), spark([r.running for r in recs], top_run, DECODE_STYLE))
+        grid.add_row(Text(f"run ≤{top_run}", style=DECODE_STYLE),
+                     spark([r.running for r in recs], top_run, DECODE_STYLE))
         grid.add_row(Text(f"wait ≤{top_wait}", style=WAITING_STYLE),
                      spark([r.waiting for r in recs], top_wait, WAITING_STYLE))
         marks = Text(no_wrap=True)
@@ -77,8 +78,9 @@ def overview_panel(engines: list[EngineState], width: int, rows: int) -> tuple[P
         grid.add_row(Text(f"▼ {count(eng.preemptions)}", style=PREEMPT_STYLE), marks)
         grid.add_row(Text("step", style="dim"), _axis(recs, eng))
         used += tok_rows + per_engine - (1 if len(engines) > 1 else 0)
-    legend = line(("█ prefill", PREFILL_STYLE), "  ", ("█ decode", DECODE_STYLE), ("  tokens per step (mean per column), "
-                  "top = token budget", "dim"), "  ", ("▼ preemptions (total; marked in their column)", PREEMPT_STYLE))
+    legend = line(("█ prefill", PREFILL_STYLE), "  ", ("█ decode", DECODE_STYLE),
+                  ("  tokens per step (mean per column), top = token budget", "dim"), "  ",
+                  ("▼ preemptions (total; marked in their column)", PREEMPT_STYLE))
     title = f"the whole run: {count(steps_total)} steps" + (
         f" (~{steps_total / cols:.1f} per column)" if steps_total > cols else "")
     return Panel(Group(grid, legend), title=title, title_align="left", padding=(0, 1)), used + 3
@@ -113,6 +115,6 @@ def moments_panel(moments: list[Moment], width: int, rows: int, run_dir: str) ->
         lines.append(line(("nothing stood out", "dim")))
     first = min((m.first_step for m in moments), default=None)
     lines.append(line(("jump to a step: ", "dim"),
-                      (f"vllm-probe tail {run_dir or 'RUN_DIR'} --replay --from-step {first if first is not None else 'N'}",
-                       "dim")))
+                      (f"vllm-probe tail {run_dir or 'RUN_DIR'} --replay "
+                       f"--from-step {first if first is not None else 'N'}", "dim")))
     return Panel(Group(*lines), title="notable moments", title_align="left", padding=(0, 1)), len(lines) + 2

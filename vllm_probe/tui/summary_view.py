@@ -33,7 +33,8 @@ def _dist_row(t: Table, label: str, d: Distribution, unit: str) -> None:
 
 
 #: How each status of a settings check reads, and its style.
-_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"), NOT_V1: ("not in vLLM V1", "dim")}
+_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"),
+               NOT_V1: ("not in vLLM V1", "dim")}
 
 
 def expected_table(s: Summary) -> Table | None:
@@ -117,7 +118,8 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     run = _kv("Run", [
         ("steps", figure(s.steps)),
         ("duration", figure(s.duration_s, "s")),
-        ("requests finished", count(s.requests_finished) + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
+        ("requests finished", count(s.requests_finished)
+         + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
         ("prompt · output tokens", f"{count(s.prompt_tokens)} · {count(s.output_tokens)}"),
         ("output tokens/s", figure(s.output_tokens_per_s)),
         ("bound most by", f"{s.bound_most} ({figure(s.bound_by.get(s.bound_most), '%')})" if s.bound_most else UNKNOWN),
@@ -127,7 +129,8 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         ("token budget", figure(c.get("max_num_batched_tokens"))),
         ("max_num_seqs", figure(c.get("max_num_seqs"))),
         ("chunked prefill", figure(c.get("enable_chunked_prefill"))
-         + (f", long-prefill cap {count(c['long_prefill_token_threshold'])}" if c.get("long_prefill_token_threshold") else "")),
+         + (f", long-prefill cap {count(c['long_prefill_token_threshold'])}"
+            if c.get("long_prefill_token_threshold") else "")),
         ("KV cache", kv_capacity_compact(kv_cap, c.get("num_kv_blocks"), c.get("block_size"))
          if c.get("num_kv_blocks") is not None else UNKNOWN),
         ("max_model_len", figure(c.get("max_model_len"))),
@@ -203,7 +206,8 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     if s.bound_by:
         parts.append(Text("bound by (share of steps): " + " · ".join(
             f"{k} {figure(v, '%')}" for k, v in s.bound_by.items())
-            + ".  KV re-read: prefill KV tokens read again by later chunks of the same pass; a single-shot prefill re-reads 0.",
+            + ".  KV re-read: prefill KV tokens read again by later chunks of the same pass;"
+            " a single-shot prefill re-reads 0.",
             style="dim"))
     if s.head_blocked_by:
         parts.append(Text(f"head of the waiting queue blocked by (share of the {count(s.head_blocked_steps)} steps "

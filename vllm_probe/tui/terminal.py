@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from rich.console import Console, RenderableType
 from rich.live import Live
@@ -32,7 +33,7 @@ class Screen:
         self._next = 0.0
         self._tty: tuple[int, list] | None = None
 
-    def __enter__(self) -> "Screen":
+    def __enter__(self) -> Screen:
         if self.enabled and self.console.is_terminal:
             self._tty = _echo_off()
             self.live = Live(console=self.console, auto_refresh=False, vertical_overflow="crop",

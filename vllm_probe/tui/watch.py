@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
+from collections.abc import Callable, Iterator
 
 from rich.console import Console, RenderableType
 from rich.panel import Panel

@@ -21,7 +21,8 @@ SRC_SGLANG = "SGLang hyperparameter tuning guide (#queue-req, token usage)"
 SRC_SEED_34 = "seed notes §3.4: later chunks re-read the KV of the earlier ones"
 SRC_SEED_5 = "seed notes §5: command-line flags win over config files"
 SRC_FULL_ISL = "vLLM 0.19+ scheduler_reserve_full_isl (vllm/v1/core/sched/scheduler.py)"
-SRC_ASYNC = "vLLM AsyncScheduler: a finished request's slot frees one step later (vllm/v1/core/sched/async_scheduler.py)"
+SRC_ASYNC = ("vLLM AsyncScheduler: a finished request's slot frees one step later "
+             "(vllm/v1/core/sched/async_scheduler.py)")
 
 
 @dataclass

@@ -211,7 +211,7 @@ def _kv_bound_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> R
     if not per or not cfg.num_kv_blocks:
         return None
     target = min(cfg.max_num_seqs or 1 << 30, agg.running_max + agg.waiting_max, eng.requests_added or 1 << 30)
-    need = cdiv(int(round(target * per * 10)), 10) + 1
+    need = cdiv(round(target * per * 10), 10) + 1
     if need <= cfg.num_kv_blocks:
         return None
     every = " (all of the run's)" if target == eng.requests_added else ""

@@ -20,7 +20,8 @@ the analysis stays free of the simulation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .findings import Finding
 

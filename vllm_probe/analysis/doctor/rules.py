@@ -17,7 +17,8 @@ this project (docs/doctor.md gives the runs).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..episodes import SHORT_PROMPT_SHARE, EngineEpisodes, Wait
 from ..expected import DIFFERS, NOT_RECORDED, NOT_V1
@@ -278,7 +279,7 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
 def stall(ctx: Context) -> list[Finding]:
     """Steps that scheduled nothing while requests waited, with their cause."""
     out = []
-    for eng, ep in engines_of(ctx):
+    for eng, _ep in engines_of(ctx):
         runs = eng.timeline.stalls
         if runs.steps < STALL_MIN_STEPS:
             continue
@@ -413,7 +414,7 @@ def _v(v: Any) -> str:
 def underloaded(ctx: Context) -> list[Finding]:
     """The waiting queue stayed empty and the budget mostly unused: not the scheduler."""
     out = []
-    for eng, ep in engines_of(ctx):
+    for eng, _ep in engines_of(ctx):
         if eng.steps < UNDERLOADED_MIN_STEPS:
             continue
         waited = waiting_steps(eng)
