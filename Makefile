@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup demo demo-metrics test bench compat docs
+.PHONY: setup demo demo-metrics test lint bench compat docs
 
 setup: $(VENV)/.installed
 
@@ -30,6 +30,12 @@ demo-metrics: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# The gates .ci/run passes before the tests: ruff (rules in pyproject.toml, [tool.ruff]) and
+# mypy (strict on schema/, engine/, analysis/; the rest checked: [tool.mypy]).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # What the probe costs (docs/performance.md, "Probe overhead"): vLLM's real scheduler
 # without a model, and the real engine on the tiny model, probe off and on (~10 min).
