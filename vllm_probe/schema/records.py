@@ -22,7 +22,7 @@ from typing import Annotated, Any, Union
 
 import msgspec
 
-from .events import COMMON_FIELDS, KINDS
+from .events import COMMON_FIELDS, KINDS, EventKind, Field
 
 _TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]": list[str], "object": Any}
 #: Values that cannot be negative (counts, sizes, times, steps) or exceed 1 (shares): a
@@ -33,7 +33,7 @@ _SHARE = msgspec.Meta(ge=0, le=1)
 _SIGNED = {"priority", "temperature", "top_p"}
 
 
-def _type(field) -> Any:
+def _type(field: Field) -> Any:
     """The field's Python type, with its range (:data:`_NON_NEGATIVE`, :data:`_SHARE`)."""
     base = _TYPES[field.type]
     if field.type not in ("int", "float") or field.name in _SIGNED:
@@ -41,10 +41,10 @@ def _type(field) -> Any:
     return Annotated[base, _SHARE if field.unit == "0..1" else _NON_NEGATIVE]
 
 
-def _struct(kind) -> type:
+def _struct(kind: EventKind) -> type:
     """The Struct of one :class:`~vllm_probe.schema.events.EventKind`: common fields, then the
     kind's, in schema order. ``gc=False``: an event holds JSON values only, never a cycle."""
-    fields: list[tuple] = [("ts", Annotated[float, _NON_NEGATIVE]), ("pid", int | None, None),
+    fields: list[tuple[Any, ...]] = [("ts", Annotated[float, _NON_NEGATIVE]), ("pid", int | None, None),
                            ("engine", Annotated[int, _NON_NEGATIVE], 0), ("schema", int | None, None)]
     # a request event without its request id cannot be attributed: it fails validation
     fields += [(f.name, str) if f.name == "req_id" else (f.name, _type(f) | None, None) for f in kind.fields]
@@ -64,17 +64,18 @@ RequestAddedEvent = STRUCTS["request_added"]
 RequestFinishedEvent = STRUCTS["request_finished"]
 ProbeStatsEvent = STRUCTS["probe_stats"]
 
-Event = Union[tuple(STRUCTS.values())]  # noqa: UP007 - a runtime union of the generated classes
+#: The union of the generated classes, built at run time: for the decoder, not an annotation.
+Event: Any = Union[tuple(STRUCTS.values())]  # noqa: UP007 - a runtime union of the generated classes
 
 #: Decode one JSON line into its kind's Struct. Raises ``msgspec.DecodeError`` (not
 #: JSON) or ``msgspec.ValidationError`` (not an object, unknown kind, wrong types).
 decode = msgspec.json.Decoder(Event).decode
 
 
-def from_dict(ev: dict) -> Any | None:
+def from_dict(ev: dict[str, Any]) -> Any | None:
     """The record of an event given as a dict (a decoded line, a hand-made stream);
     None when a field has the wrong type or the kind is unknown."""
-    cls = STRUCTS.get(ev.get("event"))  # by kind: converting to the union is ~8x slower
+    cls = STRUCTS.get(ev.get("event", ""))  # by kind: converting to the union is ~8x slower
     if cls is None:
         return None
     try:
