@@ -230,7 +230,7 @@ def _prefills_deferred(s: Any, p: AdmissionProfile, out: Any, throttle: bool) ->
         if ran and s.last_prefill_step == s.num_executed_steps:
             return False  # this step carried prefill: the cadence did not hold it
         executed_before = s.num_executed_steps - (1 if ran else 0)
-        return (executed_before + 1) - s.last_prefill_step < s.local_prefill_interval
+        return bool((executed_before + 1) - s.last_prefill_step < s.local_prefill_interval)
     return False
 
 
@@ -247,7 +247,7 @@ def _blocks_surely_fit(s: Any, p: AdmissionProfile, h: Any, token_left: int) -> 
     free = s.kv_cache_manager.block_pool.get_num_free_blocks()
     if s.running:
         free -= p.watermark
-    return free >= upper
+    return bool(free >= upper)
 
 
 def head_blocked_by(p: AdmissionProfile, s: Any, out: Any, preempted: Any,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from collections.abc import Callable
 
 
@@ -173,13 +173,13 @@ def token_budget(sched: Any) -> int:
     0.17 it may differ from the configured budget; see DIFFERENCES), else
     ``scheduler_config.max_num_batched_tokens``.
     """
-    budget = getattr(sched, "max_num_scheduled_tokens", None)
+    budget: int | None = getattr(sched, "max_num_scheduled_tokens", None)
     if budget is None:
         budget = sched.scheduler_config.max_num_batched_tokens
     return budget
 
 
-def queue_lengths_reader(sched: Any):
+def queue_lengths_reader(sched: Any) -> Callable[[Any], tuple[int, int]]:
     """Return a function ``sched -> (running, waiting)`` (request counts), chosen once
     per scheduler so the step hook does no ``hasattr`` per step.
 
@@ -250,7 +250,10 @@ def engine_settings(sched: Any) -> dict[str, Any]:
     }
 
 
-def _or_none(read: Callable[[], Any]) -> Any:
+_T = TypeVar("_T")
+
+
+def _or_none(read: Callable[[], _T]) -> _T | None:
     """``read()``, or None when it raises: an optional setting never costs the probe."""
     try:
         return read()

@@ -109,7 +109,7 @@ class Runtime:
         self.on_first_scheduler: Callable[[], None] | None = None
 
     @property
-    def sink(self):
+    def sink(self) -> Any:
         """The sink, built by ``sink_factory`` on first use."""
         if self._sink is None:
             self._sink = self._sink_factory(self)
@@ -225,6 +225,10 @@ class SchedulerProbe:
             return
         n_tokens = out.total_num_scheduled_tokens
         n_reqs = len(out.num_scheduled_tokens)
+        pre_r: int | None
+        pre_t: int | None
+        dec_r: int | None
+        dec_t: int | None
         if self.chunks_seen:
             pre_r, pre_t = self.step_prefill_reqs, self.step_prefill_tokens
             dec_r, dec_t = n_reqs - pre_r, n_tokens - pre_t
@@ -414,7 +418,8 @@ def block_digests(hashes: list[Any], salt: bytes) -> list[str]:
 
 def attached_probe(sched: Any) -> SchedulerProbe | None:
     """The probe attached to a scheduler instance, if any."""
-    return sched.__dict__.get(PROBE_ATTR)
+    probe: SchedulerProbe | None = sched.__dict__.get(PROBE_ATTR)
+    return probe
 
 
 def default_run_dir() -> Path:

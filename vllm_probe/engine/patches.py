@@ -77,9 +77,9 @@ class Patch:
 # engine_config hook failed: those run untouched.
 
 
-def _wrap_init(rt: Runtime, original: Callable) -> Callable:
+def _wrap_init(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if rt.enabled("engine_config"):
             try:
@@ -92,12 +92,12 @@ def _wrap_init(rt: Runtime, original: Callable) -> Callable:
     return __init__
 
 
-def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
+def _wrap_schedule(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
     health = rt.health
     timer = rt.timer  # time.perf_counter in vLLM; a replay's virtual clock
 
     @functools.wraps(original)
-    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
         if probe is None:
             return original(self, *args, **kwargs)
@@ -119,11 +119,11 @@ def _wrap_schedule(rt: Runtime, original: Callable) -> Callable:
     return schedule
 
 
-def _wrap_update_after_schedule(rt: Runtime, original: Callable) -> Callable:
+def _wrap_update_after_schedule(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
     health = rt.health
 
     @functools.wraps(original)
-    def _update_after_schedule(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+    def _update_after_schedule(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
         if probe is not None and "chunk" not in health.disabled:
             try:
@@ -135,11 +135,11 @@ def _wrap_update_after_schedule(rt: Runtime, original: Callable) -> Callable:
     return _update_after_schedule
 
 
-def _wrap_preempt(rt: Runtime, original: Callable) -> Callable:
+def _wrap_preempt(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
     health = rt.health
 
     @functools.wraps(original)
-    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def _preempt_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
         snap = None
         if probe is not None:  # bookkeeping for chunk and step events: even when switched off
@@ -157,11 +157,11 @@ def _wrap_preempt(rt: Runtime, original: Callable) -> Callable:
     return _preempt_request
 
 
-def _wrap_add_request(rt: Runtime, original: Callable) -> Callable:
+def _wrap_add_request(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
     health = rt.health
 
     @functools.wraps(original)
-    def add_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
         is_new = False
         if probe is not None and "request_added" not in health.disabled:
@@ -179,11 +179,11 @@ def _wrap_add_request(rt: Runtime, original: Callable) -> Callable:
     return add_request
 
 
-def _wrap_free_request(rt: Runtime, original: Callable) -> Callable:
+def _wrap_free_request(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
     health = rt.health
 
     @functools.wraps(original)
-    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+    def _free_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
         probe = self.__dict__.get(PROBE_ATTR)
         if probe is not None and "request_finished" not in health.disabled:
             try:
@@ -231,7 +231,7 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 #: Patched class -> (its Runtime, [(method name, vLLM's original)]).
-_installed: dict[type, tuple[Runtime, list[tuple[str, Callable]]]] = {}
+_installed: dict[type, tuple[Runtime, list[tuple[str, Callable[..., Any]]]]] = {}
 
 
 def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
@@ -244,16 +244,16 @@ def install(scheduler_cls: type, rt: Runtime, vllm_version: str) -> list[str]:
     *required* one is unusable nothing is patched and ``[]`` is returned. Never raises
     for a bad layout.
     """
-    if scheduler_cls in _installed or getattr(scheduler_cls.schedule, WRAPPED_ATTR, None):
+    if scheduler_cls in _installed or getattr(getattr(scheduler_cls, "schedule", None), WRAPPED_ATTR, None):
         _, done = _installed.get(scheduler_cls, (None, []))
         return [f"{scheduler_cls.__name__}.{m}" for m, _ in done]
-    plan: list[tuple[Patch, Callable]] = []
+    plan: list[tuple[Patch, Callable[..., Any]]] = []
     for patch in PATCHES:
         if not patch.wanted(rt.flags):
             continue
         original = scheduler_cls.__dict__.get(patch.method)
         problem = "missing" if original is None else compat.signature_problem(original, patch.params)
-        if problem:
+        if problem or original is None:
             if patch.required:
                 logger.warning(
                     "vllm-probe: %s.%s %s in vLLM %s; the probe patches nothing",

@@ -12,6 +12,8 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 _CHAINED = "__vllm_probe_chained__"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -30,7 +32,7 @@ def on_stop_signals(callback: Callable[[], None]) -> bool:
         if getattr(previous, _CHAINED, False):
             continue
 
-        def handler(signum, frame, previous=previous):
+        def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> Any:
             callback()
             if callable(previous):
                 return previous(signum, frame)

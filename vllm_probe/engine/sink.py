@@ -33,8 +33,8 @@ from collections import deque
 from collections.abc import Iterable
 from multiprocessing import util as mp_util
 from pathlib import Path
-from typing import Any
-from collections.abc import Callable
+from typing import Any, BinaryIO, cast
+from collections.abc import Callable, MutableMapping
 
 import msgspec
 import structlog
@@ -122,7 +122,7 @@ def _layout(kind: EventKind) -> tuple[EventKind, str, tuple[str, ...], tuple[int
     return lay
 
 
-def _event_dicts(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _event_dicts(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """Processor: a batch of queued events -> one dict per event, ``event`` first, then
     ``ts``, ``pid``, ``engine``, ``schema`` and the kind's fields in order; optional
     fields whose value is None are left out, :class:`Deferred` ones computed here."""
@@ -217,15 +217,17 @@ class _JSONLines:
     """
 
     def __init__(self) -> None:
-        self._render = structlog.processors.JSONRenderer(serializer=_dumps)
+        # with a serializer that returns bytes, the renderer returns bytes
+        self._render = cast("Callable[[Any, str, Any], bytes]", structlog.processors.JSONRenderer(serializer=_dumps))
 
-    def __call__(self, logger: Any, name: str, event_dict: dict[str, Any]) -> Any:
+    def __call__(self, logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> bytes | tuple[Any, ...]:
         render = self._render
         try:
             return b"\n".join([render(logger, name, d) for d in event_dict["events"]])
         except Exception:
             pass
-        lines, failed = [], []
+        lines: list[bytes] = []
+        failed: list[tuple[str, Exception]] = []
         for d in event_dict["events"]:
             try:
                 lines.append(render(logger, name, d))
@@ -251,7 +253,7 @@ class EventSink:
         path: Path,
         capacity: int = 65536,
         stats_extra: Callable[[], tuple[dict[str, int], list[str]]] | None = None,
-        opener: Callable[[Path], Any] | None = None,
+        opener: Callable[[Path], BinaryIO] | None = None,
         flush_interval_s: float = FLUSH_INTERVAL_S,
     ) -> None:
         self.path = Path(path)
@@ -283,7 +285,7 @@ class EventSink:
             processors=[_event_dicts, _JSONLines()],
             wrapper_class=structlog.BoundLogger,
         ).bind()  # bind once: the lazy proxy wrap_logger returns re-binds on every call
-        self._file = None
+        self._file: BinaryIO | None = None
         try:
             self._file = (opener or _open_private)(self.path)
         except OSError as e:
@@ -366,11 +368,14 @@ class EventSink:
     def _write_lines(self, lines: list[bytes], counted: int) -> None:
         data = b"\n".join(lines) + b"\n"
         try:
-            if os.fstat(self._file.fileno()).st_nlink == 0:
+            file = self._file
+            if file is None:  # closed: as a write to a closed file
+                raise ValueError("I/O operation on closed file")
+            if os.fstat(file.fileno()).st_nlink == 0:
                 raise OSError(f"{self.path} was deleted")
             view = memoryview(data)
             while view:  # FileIO.write may write less than asked
-                view = view[self._file.write(view):]
+                view = view[file.write(view):]
             self.written += counted
         except (OSError, ValueError) as e:
             self.dropped_io += counted
@@ -483,6 +488,6 @@ class EventSink:
             self._close_file()
 
 
-def _open_private(path: Path):
+def _open_private(path: Path) -> BinaryIO:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     return os.fdopen(fd, "ab", buffering=0)
