@@ -189,18 +189,18 @@ class EngineState:
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
     probe_stats: dict[Any, Any] = field(default_factory=dict)
-    window: deque = field(init=False)
+    window: deque[StepRecord] = field(init=False)
     #: every step of the run, in bounded spans (the finished run's overview, evidence ranges)
     timeline: Timeline = field(init=False)
-    recent_preempts: deque = field(init=False)
+    recent_preempts: deque[Any] = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
-    finished: deque = field(init=False)
+    finished: deque[RequestState] = field(init=False)
     _awaiting_token: dict[str, RequestState] = field(default_factory=dict)
     _max_num_seqs: int | None = None  # cached from config for the per-step hot path
     # the histograms of sampling_seen, one attribute each for request_added's loop
-    _seen_max_tokens: dict = field(init=False, repr=False)
-    _seen_temperature: dict = field(init=False, repr=False)
-    _seen_top_p: dict = field(init=False, repr=False)
+    _seen_max_tokens: dict[Any, int] = field(init=False, repr=False)
+    _seen_temperature: dict[Any, int] = field(init=False, repr=False)
+    _seen_top_p: dict[Any, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._seen_max_tokens, self._seen_temperature, self._seen_top_p = (
@@ -327,7 +327,7 @@ class EngineState:
         return counts
 
 
-def count_value(hist: dict, value: Any) -> None:
+def count_value(hist: dict[Any, int], value: Any) -> None:
     """Count ``value`` in ``hist``, under :data:`OTHER_VALUES` once it holds
     :data:`DISTINCT_KEEP` distinct values."""
     if value not in hist and len(hist) >= DISTINCT_KEEP:

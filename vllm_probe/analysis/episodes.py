@@ -120,6 +120,11 @@ class ChunkedAlone:
     example_steps: tuple[int, int] | None = None  # its first and last chunk's steps
 
 
+#: An admitted request whose first token is not known yet: (arrival_step, first_step,
+#: prompt_len, head_blocked_counts at arrival or None, at admission).
+_Waiting = tuple[int, int, int | None, dict[str, int] | None, dict[str, int]]
+
+
 class _Pass:
     """A first prefill pass in progress: chunks so far, whether a step of it decoded
     anything, the KV tokens its later chunks re-read, its first step."""
@@ -144,7 +149,7 @@ class EngineEpisodes:
         self._snapshot: tuple[int, dict[str, int]] | None = None  # (last_step, counts), shared per step
         #: admitted, first token not yet known: req_id -> (arrival_step, first_step, prompt_len,
         #: head_blocked_counts at arrival, at admission); a Wait is made only when reported
-        self._waiting: dict[str, tuple] = {}
+        self._waiting: dict[str, _Waiting] = {}
         self.longest_waits = Ranked(TOP_K)
         self.blocked_short = Ranked(TOP_K)  # short requests whose TTFT was mostly queue time
         self.blocked_short_count = 0
@@ -243,7 +248,7 @@ class EngineEpisodes:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _wait(self, rid: str, w: tuple) -> Wait:
+    def _wait(self, rid: str, w: _Waiting) -> Wait:
         arrival, first, plen, then, now = w
         return Wait(rid, self.engine, arrival, first, plen, _diff(now, then) if then is not None else {})
 
@@ -271,7 +276,7 @@ class EngineEpisodes:
         return min(waiting, key=lambda r: (r.arrival_step, r.arrival_ts or 0.0, r.req_id))
 
 
-def _step_of(entry: tuple) -> int:
+def _step_of(entry: tuple[int, str, int, int]) -> int:
     return entry[0]
 
 
@@ -290,7 +295,7 @@ class Episodes(StateListener):
     def __init__(self) -> None:
         self.engines: dict[int, EngineEpisodes] = {}
         self._last_eng: EngineState | None = None  # the engine of the previous event, and its episodes
-        self._last_ep: EngineEpisodes | None = None
+        self._last_ep: EngineEpisodes  # set with _last_eng: read only when an event's engine is that one
 
     def of(self, eng: EngineState) -> EngineEpisodes:
         if eng is self._last_eng:
@@ -389,11 +394,11 @@ class Episodes(StateListener):
             return
         ep.finished_waits += 1
         arrival, first, plen, _, _ = w
-        steps = first - arrival
+        wait_steps = first - arrival
         queue_s, ttft_s = req.queue_time_s, req.ttft_s
-        key = (steps, queue_s or 0.0)
+        key = (wait_steps, queue_s or 0.0)
         budget = eng.config.max_num_batched_tokens if eng.config is not None else None
-        blocked = (budget and plen is not None and plen <= SHORT_PROMPT_SHARE * budget and steps > 0
+        blocked = (budget and plen is not None and plen <= SHORT_PROMPT_SHARE * budget and wait_steps > 0
                    and queue_s is not None and ttft_s and queue_s >= QUEUE_SHARE_OF_TTFT * ttft_s)
         if blocked:
             ep.blocked_short_count += 1
@@ -421,7 +426,8 @@ class Episodes(StateListener):
             if head is not None:
                 stall.head, stall.head_prompt_len = head.req_id, head.prompt_len
 
-    def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list, passes: dict) -> None:
+    def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list[tuple[str, int, bool]],
+                          passes: dict[str, _Pass]) -> None:
         """The step of ``chunks`` ended: did anything decode beside them, did a pass end."""
         if ev.decode_tokens:
             for rid, _, _ in chunks:

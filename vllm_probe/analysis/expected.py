@@ -73,7 +73,7 @@ def _same(expected: Any, effective: Any) -> bool:
         return math.isclose(expected, effective, rel_tol=1e-9, abs_tol=1e-12)
     if isinstance(expected, str) and isinstance(effective, str):
         return expected.strip().lower() == effective.strip().lower()
-    return expected == effective
+    return bool(expected == effective)
 
 
 def check_expected(expected_engine: dict[str, Any], config: Any) -> list[SettingCheck]:

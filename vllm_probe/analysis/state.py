@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..schema.records import STRUCTS, from_dict
 from .engine_state import (
@@ -70,7 +70,7 @@ class RunState:
             eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep, self.timeline_spans)
         return eng
 
-    def apply(self, ev) -> None:
+    def apply(self, ev: Any) -> None:
         """Update the state with one event: a record of :mod:`vllm_probe.schema.records`
         (as the reader yields them) or an event dict (converted first; ignored when its
         kind is unknown or a field has the wrong type)."""
@@ -95,7 +95,7 @@ class RunState:
         self.events += 1
         handler(eng, ev)
 
-    def apply_all(self, events) -> RunState:
+    def apply_all(self, events: Iterable[Any]) -> RunState:
         apply = self.apply
         for ev in events:
             apply(ev)
@@ -114,7 +114,8 @@ class RunState:
         return max((e.last_ts for e in self.engines.values() if e.last_ts is not None), default=None)
 
     def total(self, attr: str) -> int | float:
-        return sum(getattr(e, attr) for e in self.engines.values())
+        total: int | float = sum(getattr(e, attr) for e in self.engines.values())
+        return total
 
     def stepping_s(self) -> float | None:
         """Seconds the schedulers were stepping: from the earliest step's start (its ``ts``
@@ -144,11 +145,11 @@ class RunState:
 
     # -- handlers -----------------------------------------------------------------------
 
-    def _engine_config(self, eng: EngineState, ev) -> None:
+    def _engine_config(self, eng: EngineState, ev: Any) -> None:
         eng.config = ev
         eng._max_num_seqs = ev.max_num_seqs
 
-    def _step(self, eng: EngineState, ev) -> None:
+    def _step(self, eng: EngineState, ev: Any) -> None:
         step = ev.step
         if step is None:
             step = eng.last_step + 1
@@ -168,9 +169,9 @@ class RunState:
         if schedule_us is None:
             schedule_us = 0.0
         else:  # Buckets.add inlined: this runs for every step of every reader
-            schedule_s, hist = schedule_us * 1e-6, eng.schedule_s
-            hist.counts[bisect_left(hist.bounds, schedule_s)] += 1
-            hist.sum += schedule_s
+            schedule_s, buckets = schedule_us * 1e-6, eng.schedule_s
+            buckets.counts[bisect_left(buckets.bounds, schedule_s)] += 1
+            buckets.sum += schedule_s
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill
@@ -186,8 +187,8 @@ class RunState:
         hist[key] = hist.get(key, 0) + 1
         if n_preempted:
             eng.step_preemptions += n_preempted
-            hist = eng.preempted_steps
-            hist[n_preempted] = hist.get(n_preempted, 0) + 1
+            by_count = eng.preempted_steps
+            by_count[n_preempted] = by_count.get(n_preempted, 0) + 1
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
         eng.bound_counts[bound] += 1
         blocked = ev.head_blocked_by
@@ -243,7 +244,7 @@ class RunState:
         if self.listener is not None:
             self.listener.on_step(eng, ev)
 
-    def _chunk(self, eng: EngineState, ev) -> None:
+    def _chunk(self, eng: EngineState, ev: Any) -> None:
         req = eng.request(ev.req_id)
         eng.chunks += 1
         req.chunks += 1
@@ -299,7 +300,7 @@ class RunState:
         if self.listener is not None:
             self.listener.on_chunk(eng, req, ev)
 
-    def _preempt(self, eng: EngineState, ev) -> None:
+    def _preempt(self, eng: EngineState, ev: Any) -> None:
         req = eng.request(ev.req_id)
         eng.preemptions += 1
         if not req.preemptions:
@@ -323,7 +324,7 @@ class RunState:
         if self.listener is not None:
             self.listener.on_preempt(eng, req, ev)
 
-    def _added(self, eng: EngineState, ev) -> None:
+    def _added(self, eng: EngineState, ev: Any) -> None:
         eng.requests_added += 1
         req = eng.requests.get(ev.req_id)
         if req is None:
@@ -345,7 +346,7 @@ class RunState:
         if self.listener is not None:
             self.listener.on_added(eng, req, ev)
 
-    def _finished(self, eng: EngineState, ev) -> None:
+    def _finished(self, eng: EngineState, ev: Any) -> None:
         self._finish(eng, ev.req_id, ev.ts, ev.reason, ev.output_tokens, ev.num_preemptions)
 
     def _finish(self, eng: EngineState, req_id: str, ts: float, reason: str | None, output_tokens: int | None,
@@ -368,7 +369,7 @@ class RunState:
         if self.listener is not None:
             self.listener.on_finished(eng, req)
 
-    def _probe_stats(self, eng: EngineState, ev) -> None:
+    def _probe_stats(self, eng: EngineState, ev: Any) -> None:
         eng.probe_stats[ev.pid] = ev
 
     @staticmethod

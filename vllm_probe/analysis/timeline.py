@@ -215,7 +215,8 @@ class Timeline:
         #: the open span's maxima so far (requests, requests, KV use 0..1)
         self.running_max = self.waiting_max = 0
         self.kv_max = 0.0
-        self._open: tuple | None = None  # first step, its ts, the sums and counts before it
+        #: first step, its ts, the sums and counts before it
+        self._open: tuple[int, float, tuple[Any, ...], dict[str, int], dict[str, int]] | None = None
         #: steps that scheduled nothing while requests waited
         self.stalls = StepRuns()
         #: steps whose full budget went to prefill while requests waited
@@ -260,6 +261,7 @@ class Timeline:
     def _span(self, last_step: int, last_ts: float) -> Span:
         """The open span as it stands (the sums now minus the sums at its start)."""
         t = self.totals
+        assert self._open is not None, "no open span"  # callers check
         first_step, first_ts, sums, bound, blocked = self._open
         span = Span(first_step, last_step, first_ts, last_ts, running_max=self.running_max,
                     waiting_max=self.waiting_max, kv_max=self.kv_max,

@@ -195,7 +195,8 @@ def _vllm_concurrency(cfg: Any) -> float | None:
     """vLLM's start-up "Maximum concurrency for N tokens per request: Xx": KV capacity in
     tokens / max_model_len (vllm/v1/core/kv_cache_utils.py)."""
     if cfg.kv_capacity_tokens and cfg.max_model_len:
-        return cfg.kv_capacity_tokens / cfg.max_model_len
+        ratio: float = cfg.kv_capacity_tokens / cfg.max_model_len
+        return ratio
     return None
 
 
