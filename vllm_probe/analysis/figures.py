@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping
 #: Names of the limits :func:`bound_by` can return, in tie-break order.
 LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
 
+#: A histogram ``{value: count}`` of numbers (token counts, seconds).
+Counts = Mapping[int, int] | Mapping[float, int]
+
 #: ``preempt`` reasons the probe writes (docs/events.md); any other value counts as
 #: :data:`OTHER_REASON`, so a hostile log cannot grow the state or a metric's labels.
 PREEMPT_REASONS = ("kv_cache", "reset")
@@ -144,7 +147,7 @@ class Buckets:
         self.sum += value * n
 
     @classmethod
-    def of_counts(cls, counts: dict[float, int], bounds: Iterable[float]) -> Buckets:
+    def of_counts(cls, counts: Counts, bounds: Iterable[float]) -> Buckets:
         """Of an exact histogram ``{value: count}`` (as the state keeps some)."""
         b = cls(bounds)
         for value, n in counts.items():
@@ -189,7 +192,7 @@ def _nth_from_counts(items: list[tuple[float, int]], rank: int) -> float:
     return items[-1][0]
 
 
-def quantile_from_counts(counts: dict[float, int], q: float) -> float | None:
+def quantile_from_counts(counts: Counts, q: float) -> float | None:
     """:func:`quantile` of a histogram ``{value: count}`` without expanding it."""
     n = sum(counts.values())
     if n == 0:
@@ -222,7 +225,7 @@ class Distribution:
         return cls(len(vals), sum(vals) / len(vals), quantile(vals, 0.5), quantile(vals, 0.9), vals[-1])
 
     @classmethod
-    def of_counts(cls, counts: dict[float, int]) -> Distribution:
+    def of_counts(cls, counts: Counts) -> Distribution:
         """Of a histogram ``{value: count}``."""
         n = sum(counts.values())
         if n == 0:

@@ -94,7 +94,8 @@ from ..runs.rundir import NoEventsError, event_files, never_started_note, read_m
 from ..schema.records import from_dict
 from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
-from .state import RequestState, RunState, StateListener
+from .requests import RequestState
+from .state import RunState, StateListener
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -280,6 +281,10 @@ class Summary:
 # -- the computation ----------------------------------------------------------------------
 
 
+#: One finished request's latencies and sizes, in the order of :attr:`_Finished.FIELDS`.
+_Row = tuple[Any, ...]
+
+
 class _Finished:
     """Per finished request: its latencies and token counts (the state keeps only the
     latest finished requests; the summary needs all of them)."""
@@ -288,11 +293,11 @@ class _Finished:
     FIELDS = ("queue_s", "ttft_s", "ttft_steps", "decode_s", "itl_s", "e2e_s", "prompt_len", "priority")
 
     def __init__(self) -> None:
-        self.latencies: list[tuple] = []  # one tuple of FIELDS per finished request
+        self.latencies: list[_Row] = []  # one tuple of FIELDS per finished request
         self.count = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
-        self.worst: tuple | None = None  # (preemptions, recomputed, discarded, req_id)
+        self.worst: tuple[int, int, int, str] | None = None  # (preemptions, recomputed, discarded, req_id)
 
     def __call__(self, req: RequestState) -> None:
         self.count += 1
@@ -310,8 +315,8 @@ class _Finished:
                 self.worst = key
 
 
-def analyze_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
-                   meta: dict | None = None, listener: StateListener | None = None,
+def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_dir: str = "",
+                   meta: dict[str, Any] | None = None, listener: StateListener | None = None,
                    with_summary: bool = True, boundaries: Iterable[int] | None = None,
                    ) -> tuple[RunState, Summary | None]:
     """The state of a run and its :class:`Summary`, from an iterable of events: each
@@ -349,8 +354,8 @@ def analyze_events(events: Iterable, stats: ReadStats | None = None, run_dir: st
                          None if boundaries is None else sorted(set(boundaries)))
 
 
-def summarize_events(events: Iterable, stats: ReadStats | None = None, run_dir: str = "",
-                     meta: dict | None = None, boundaries: Iterable[int] | None = None) -> Summary:
+def summarize_events(events: Iterable[Any], stats: ReadStats | None = None, run_dir: str = "",
+                     meta: dict[str, Any] | None = None, boundaries: Iterable[int] | None = None) -> Summary:
     """The :class:`Summary` of an iterable of events (see :func:`analyze_events`)."""
     summary = analyze_events(events, stats, run_dir, meta, boundaries=boundaries)[1]
     assert summary is not None
@@ -412,7 +417,7 @@ def _config_of(rec: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict,
+def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict[str, Any],
            boundaries: list[int] | None) -> Summary:
     s = Summary(run_dir=run_dir, command=meta.get("command"))
     s.read = {"events": stats.events, "malformed": stats.malformed, "partial": stats.partial,
@@ -424,7 +429,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     if configs:
         s.config = configs[0]
 
-        def settings(c: dict) -> dict:
+        def settings(c: dict[str, Any]) -> dict[str, Any]:
             return {k: v for k, v in c.items() if k != "scheduler_class"}
         s.config_differs_across_engines = any(settings(c) != settings(configs[0]) for c in configs[1:])
     s.steps = int(state.total("steps"))
@@ -520,7 +525,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     # what the user's settings file expected
     expected = meta.get("expected")
     if isinstance(expected, dict):
-        seen: dict[str, dict] = {}
+        seen: dict[str, dict[Any, int]] = {}
         for eng in engines.values():
             for name, values in eng.sampling_seen.items():
                 seen[name] = _merged([seen.get(name, {}), values])
@@ -532,8 +537,8 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     # which limit bound the steps
     counts = dict.fromkeys(LIMITS, 0)
     for eng in engines.values():
-        for k, n in eng.bound_counts.items():
-            counts[k] = counts.get(k, 0) + n
+        for limit, n in eng.bound_counts.items():
+            counts[limit] = counts.get(limit, 0) + n
     total = sum(counts.values())
     if total:
         s.bound_by = {k: n / total for k, n in counts.items()}
@@ -542,8 +547,8 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     # why the head of the waiting queue was not admitted
     blocked: dict[str, int] = {}
     for eng in engines.values():
-        for k, n in eng.head_blocked_counts.items():
-            blocked[k] = blocked.get(k, 0) + n
+        for reason, n in eng.head_blocked_counts.items():
+            blocked[reason] = blocked.get(reason, 0) + n
     s.head_blocked_steps = sum(blocked.values())
     if s.head_blocked_steps:
         s.head_blocked_by = {k: n / s.head_blocked_steps for k, n in sorted(blocked.items(), key=lambda kv: -kv[1])}
@@ -554,22 +559,23 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     return s
 
 
-def _merged(hists: Iterable[dict]) -> dict:
+def _merged(hists: Iterable[dict[Any, int]]) -> dict[Any, int]:
     """Histograms ``{value: count}`` added up."""
-    out: dict = {}
+    out: dict[Any, int] = {}
     for hist in hists:
         for k, n in hist.items():
             out[k] = out.get(k, 0) + n
     return out
 
 
-def _latency_class(name: str, low: int | None, high: int | None, rows: list[tuple], col: dict) -> LatencyClass:
+def _latency_class(name: str, low: int | None, high: int | None, rows: list[_Row], col: dict[str, int]) -> LatencyClass:
     def dist(field_name: str) -> Distribution:
         return Distribution.of(r[col[field_name]] for r in rows)
     return LatencyClass(name, low, high, len(rows), dist("queue_s"), dist("ttft_s"), dist("ttft_steps"), dist("e2e_s"))
 
 
-def _prompt_classes(lat: list[tuple], col: dict, boundaries: list[int] | None, budget: int | None) -> LatencyClasses:
+def _prompt_classes(lat: list[_Row], col: dict[str, int], boundaries: list[int] | None,
+                    budget: int | None) -> LatencyClasses:
     basis = "given"
     if boundaries is None:
         basis = "token budget" if budget else "default"
@@ -577,7 +583,7 @@ def _prompt_classes(lat: list[tuple], col: dict, boundaries: list[int] | None, b
     names = class_names(len(boundaries) + 1)
     lows = [1] + [b + 1 for b in boundaries]
     highs: list[int | None] = [*boundaries, None]
-    rows: list[list[tuple]] = [[] for _ in names]
+    rows: list[list[_Row]] = [[] for _ in names]
     i_len = col["prompt_len"]
     for r in lat:
         if r[i_len] is not None:
@@ -586,9 +592,9 @@ def _prompt_classes(lat: list[tuple], col: dict, boundaries: list[int] | None, b
                           [_latency_class(n, lo, hi, rs, col) for n, lo, hi, rs in zip(names, lows, highs, rows)])
 
 
-def _priority_classes(lat: list[tuple], col: dict) -> list[LatencyClass]:
+def _priority_classes(lat: list[_Row], col: dict[str, int]) -> list[LatencyClass]:
     i_pri = col["priority"]
-    by: dict[int, list[tuple]] = {}
+    by: dict[int, list[_Row]] = {}
     for r in lat:
         if r[i_pri] is not None:
             by.setdefault(r[i_pri], []).append(r)
