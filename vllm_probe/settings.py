@@ -177,6 +177,8 @@ def _shown(value: Any) -> str:
 def _error_line(err: msgspec.ValidationError, data: Any, source: str) -> str:
     """The one-line :class:`SettingsError` message for msgspec's ``err`` on ``data``."""
     m = _ERROR.match(str(err))
+    if m is None:  # a message shape msgspec did not use so far: said as it is
+        return f"{source}: {err}"
     what, path = m["what"], [k for k in (m["path"] or "").split(".") if k]
     struct: Any = msgspec.inspect.type_info(_SettingsFile)
     value, field_type = data, struct

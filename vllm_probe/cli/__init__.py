@@ -31,7 +31,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from collections.abc import Callable
 
 from .. import envvars
@@ -141,7 +141,7 @@ def print_report(render: Callable[[int], Any]) -> None:
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``vllm-probe: error: ...``), exit 2."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

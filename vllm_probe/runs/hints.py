@@ -90,7 +90,7 @@ def unguarded_engine_call(script: Path) -> int | None:
     return None
 
 
-def _engine_call(node: ast.AST, starters: set[str] = frozenset()) -> int | None:
+def _engine_call(node: ast.AST, starters: frozenset[str] | set[str] = frozenset()) -> int | None:
     for sub in ast.walk(node):
         if isinstance(sub, ast.Call):
             func = sub.func

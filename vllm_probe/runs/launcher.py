@@ -68,9 +68,10 @@ def resolve_command(command: list[str]) -> str:
             raise LaunchError(f"command is not executable: {exe}", 126)
         found = str(path)
     else:
-        found = shutil.which(exe)
-        if found is None:
+        which = shutil.which(exe)
+        if which is None:
             raise LaunchError(f"command not found: {exe}", 127)
+        found = which
     _check_runnable(exe, found)
     return found
 
@@ -224,7 +225,7 @@ def print_failure_hint(run_dir: Path, command: list[str], code: int, log_path: P
 
 
 def spawn(command: list[str], run_dir: Path, settings: Settings,
-          stdout: IO | None = None, stderr: IO | None = None) -> subprocess.Popen:
+          stdout: IO | None = None, stderr: IO | int | None = None) -> subprocess.Popen:
     """Start the command with the probe's environment (its own session when logged).
 
     Raises:
