@@ -343,7 +343,7 @@ class TraceBuilder(StateListener):
     def on_finished(self, state: EngineState, req: RequestState) -> None:
         eng = self.engines[state.engine]
         tr = eng.tracks.pop(req.req_id, None)
-        if tr is None:
+        if tr is None or req.finished_ts is None:  # finished_ts: set by the state before this call
             return
         eng.open_chunks.pop(req.req_id, None)
         done = {"reason": req.finish_reason, "output_tokens": req.output_tokens,

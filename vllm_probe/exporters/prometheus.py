@@ -27,7 +27,7 @@ import threading
 import time
 from bisect import bisect_left
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -46,6 +46,9 @@ from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
 from ..analysis.summary import CONFIG_KEYS
 from ..runs.reader import Follower, ReadStats, record_ts
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 from ..runs.rundir import read_meta
 
 #: Seconds between two looks at the run directory when the follower has caught up.
@@ -260,10 +263,11 @@ class _Families:
                 f.add_metric(self.labels(None) + [reason], n)
             self.out.append(f)
         if c.incomplete_lines is not None:
-            self.out.append(GaugeMetricFamily(
+            g = GaugeMetricFamily(
                 "vllm_probe_lines_incomplete", "Last lines of event files still without their newline: a write "
-                "in progress, or a truncated end once the engine core is gone.", labels=self.base[1:]))
-            self.out[-1].add_metric(self.labels(None), c.incomplete_lines())
+                "in progress, or a truncated end once the engine core is gone.", labels=self.base[1:])
+            g.add_metric(self.labels(None), c.incomplete_lines())
+            self.out.append(g)
         self._info()
         if c.findings is not None:
             self._findings(c.findings(c.state))
@@ -374,15 +378,17 @@ class MetricsServer:
                                            findings=self._findings if diagnose else None)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self.collector)
-        self._httpd, self._http_thread = start_http_server(port, addr=host, registry=registry)
+        httpd, self._http_thread = start_http_server(port, addr=host, registry=registry)
+        self._httpd: WSGIServer | None = httpd
         self.host = host
-        self.port: int = self._httpd.server_address[1]
+        self.port: int = httpd.server_address[1]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
 
     def _findings(self, state: RunState) -> list:
         meta = self.meta
+        assert self.diagnosis is not None  # passed to the collector only with a diagnosis
         return self.diagnosis.findings(state, meta, finished=meta.get("end_time") is not None)
 
     @property
@@ -407,6 +413,8 @@ class MetricsServer:
     def pump(self, max_bytes: int | None = READ_CHUNK) -> int:
         """Read what the files hold now (up to ``max_bytes`` per file) into the state;
         returns the events read."""
+        if self.follower is None:
+            raise RuntimeError("pump() before follow()")
         batch = self.follower.poll(max_bytes)
         batch.sort(key=record_ts)  # several files of one engine rank (a restarted engine core) interleave
         apply = self.state.apply
@@ -418,6 +426,7 @@ class MetricsServer:
         return len(batch)
 
     def _run(self) -> None:
+        assert self.follower is not None  # started by follow()
         run_dir = self.follower.run_dir
         meta_read = time.monotonic()
         while not self._stop.is_set():

@@ -94,8 +94,8 @@ class TraceExporter:
             raise ExportError(str(e)) from None
         entries, size = trace_entries(w)
         with output_stream(out) as f:
-            for e in entries:
-                f.write(json.dumps(e).encode() + b"\n")
+            for entry in entries:
+                f.write(json.dumps(entry).encode() + b"\n")
         note = None if size == HASH_SIZE else f"hash ids cover {size} tokens: pass --timed-trace-chunk-hash-size {size}"
         return ExportResult(written=len(entries), matched=len(entries), unit="requests", note=note)
 
@@ -111,8 +111,8 @@ def read_trace(path: Path, sec_multiplier: float = 1.0) -> list[dict[str, Any]]:
     """
     try:
         lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise TraceError(f"cannot read {path}: {e.strerror or e}") from None
+    except OSError as err:
+        raise TraceError(f"cannot read {path}: {err.strerror or err}") from None
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
