@@ -110,12 +110,12 @@ def _parse_value(setting: Setting, text: str) -> Any:
             raise SettingError(f"{setting.name}={text}: expected an integer ({setting.unit})") from None
     if setting.type is float:
         try:
-            value = float(text)
+            number = float(text)
         except ValueError:
             raise SettingError(f"{setting.name}={text}: expected a number ({setting.unit})") from None
-        if not math.isfinite(value):
+        if not math.isfinite(number):
             raise SettingError(f"{setting.name}={text}: expected a finite number")
-        return value
+        return number
     if setting.name == "scheduling_policy" and text not in ("fcfs", "priority"):
         raise SettingError(f"scheduling_policy={text}: expected fcfs or priority")
     return text

@@ -195,7 +195,7 @@ def _hash_fn() -> Any:
         try:
             from vllm.utils.hashing import sha256 as hash_fn
         except ImportError:  # older releases
-            from vllm.utils import sha256 as hash_fn  # type: ignore[no-redef]
+            from vllm.utils import sha256 as hash_fn
         init_none_hash(hash_fn)
         _hash_fn_cache.append(hash_fn)
     return _hash_fn_cache[0]

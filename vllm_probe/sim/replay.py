@@ -193,7 +193,7 @@ def _model_output(sched: Any, out: Any, samplers: set[str], stop_at: dict[str, i
     ``samplers`` (its step ended its prefill or decoded), the stop token when it is a
     ``stop`` request's last."""
     req_ids = list(out.num_scheduled_tokens)
-    sampled = []
+    sampled: list[list[int]] = []
     requests = sched.requests
     for rid in req_ids:
         if rid not in samplers:
@@ -258,9 +258,11 @@ def replay(
 
     if mode not in ("timed", "steps"):
         raise ValueError(f"mode must be 'timed' or 'steps', not {mode!r}")
-    scheduler_cls = None
+    scheduler_cls: type | None = None
     if w.config.get("scheduler_class") == "AsyncScheduler":
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as scheduler_cls
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        scheduler_cls = AsyncScheduler
     depth = 2 if scheduler_cls is not None else 1  # EngineCore's batch queue
     clock = VirtualClock(w.t0)  # engine_config is stamped at the recording's start, as the steps are
     target = _ConfigOverlay(sink, config_overlay or {})

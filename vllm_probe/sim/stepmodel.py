@@ -146,7 +146,7 @@ def recorded_features(w: Workload) -> tuple[np.ndarray, np.ndarray]:
             attn_p += n * c.start + n * (n + 1) // 2
             if c.last:
                 ctx[c.order] = c.end
-        for o in [o for o in ctx if finish_step.get(o) is not None and finish_step[o] <= k]:
+        for o in [o for o in ctx if (end := finish_step.get(o)) is not None and end <= k]:
             del ctx[o]
         new, first = shapes.warmup(st.scheduled_tokens)
         row[:] = (pre_t, pre_r, dec, attn_p, attn_d, st.scheduled_tokens, pre_r + dec, new, first)
