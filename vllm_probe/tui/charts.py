@@ -169,8 +169,8 @@ def bucket_steps(recs: Sequence[StepRecord], columns: int) -> list[StepRecord]:
         split = all(r.prefill_tokens is not None and r.decode_tokens is not None for r in group)
         out.append(StepRecord(
             group[-1].step, group[-1].ts, round(sum(r.scheduled for r in group) / k), max(r.budget for r in group),
-            round(sum(r.prefill_tokens for r in group) / k) if split else None,
-            round(sum(r.decode_tokens for r in group) / k) if split else None,
+            round(sum(r.prefill_tokens or 0 for r in group) / k) if split else None,
+            round(sum(r.decode_tokens or 0 for r in group) / k) if split else None,
             round(sum(r.running for r in group) / k), round(sum(r.waiting for r in group) / k),
             sum(r.kv_usage for r in group) / k, sum(r.schedule_us for r in group) / k,
             sum(r.preempted for r in group), group[-1].bound))

@@ -19,7 +19,8 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 
-from ..analysis.state import PREFILL, RunState
+from ..analysis.requests import PREFILL
+from ..analysis.state import RunState
 from ..runs.reader import ReadStats
 from .charts import WARN_STYLE, line
 from .dashboard import (

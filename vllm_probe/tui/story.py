@@ -38,7 +38,7 @@ def span_records(timeline: Timeline) -> list[StepRecord]:
     out = []
     for sp in timeline:
         n = sp.steps or 1
-        bound = max(sp.bound, key=sp.bound.get) if sp.bound else "none"
+        bound = max(sp.bound, key=sp.bound.__getitem__) if sp.bound else "none"
         out.append(StepRecord(sp.last_step, sp.last_ts, round(sp.scheduled / n), round(sp.budget / n),
                               round(sp.prefill / n), round(sp.decode / n), round(sp.running_mean),
                               round(sp.waiting_mean), sp.kv_mean, 0.0, sp.preemptions, bound))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich import box
-from rich.console import Group
+from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
@@ -48,7 +48,9 @@ def expected_table(s: Summary) -> Table | None:
         f": {differs} differ" if differs else ": no difference")
     t = Table(title=title, title_justify="left", title_style="bold underline" + (" yellow" if differs else ""),
               box=None, pad_edge=False, padding=(0, 2))
-    for col, justify in (("setting", "left"), ("file", "right"), ("this run", "right"), ("", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("setting", "left"), ("file", "right"), ("this run", "right"),
+                                                    ("", "left"))
+    for col, justify in columns:
         t.add_column(col, justify=justify, style="dim" if col == "setting" else None, no_wrap=col != "")
     for c in checks:
         status, style = _CHECK_TEXT.get(c["status"], ("not recorded", "dim"))

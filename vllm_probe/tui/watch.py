@@ -84,7 +84,7 @@ class Watcher:
         if self.engine is not None and ev.engine != self.engine:
             return
         self.state.apply(ev)
-        if self.formatter is not None and not self.quiet:
+        if self.formatter is not None and self.out is not None and not self.quiet:
             line = self.formatter.format(ev)
             if line is not None:
                 self.out.write(line + "\n")

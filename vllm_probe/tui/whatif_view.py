@@ -97,8 +97,9 @@ def render(result: Any) -> Group:
                or (k == "num_kv_blocks" and from_memory)]
     for key in changed:
         derived = key == "num_kv_blocks" and from_memory
-        cells = [figure(result.baseline.settings.get(key)) if not trace else figure(result.recorded.config.get(key)),
-                 figure(result.baseline.settings.get(key))]
+        cells: list[Any] = [figure(result.baseline.settings.get(key)) if not trace
+                            else figure(result.recorded.config.get(key)),
+                            figure(result.baseline.settings.get(key))]
         for c in result.configs:
             cells += [Text(figure(c.settings.get(key)), style="bold" if key in c.overrides else ""), Text("")]
         t.add_row(key + (" (from memory)" if derived else ""), *cells)
@@ -107,7 +108,7 @@ def render(result: Any) -> Group:
     for label in ROWS:
         f = FIGURE[label]
         base = f.get(result.baseline.summary)
-        cells: list[Any] = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
+        cells = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
         for _, s in runs[2:]:
             v = f.get(s)
             cells += [figure(v, f.unit), fmt_delta(f, base, v)]
