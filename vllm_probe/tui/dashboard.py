@@ -35,7 +35,7 @@ from typing import Any
 from collections.abc import Iterable, Sequence
 
 from rich import box
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -103,7 +103,11 @@ class View:
     finished: bool = False
 
 
-def _table(columns: Sequence[tuple[str, str, str]], rows: Sequence[Sequence[Any]], max_width: int,
+#: A table column: header, justification, style.
+_Col = tuple[str, JustifyMethod, str]
+
+
+def _table(columns: Sequence[_Col], rows: Sequence[Sequence[Any]], max_width: int,
            flex: int = 0) -> Table:
     """A borderless rich Table with fixed column widths taken from the cells' lengths.
 
@@ -181,8 +185,9 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
     rates = [e.window_stats() for e in state.engines.values()]
     step_rate = sum(r.step_rate or 0 for r in rates) if rates else None
     sched = [r for r in rates if r.schedule_us_mean is not None]
-    sched_mean = sum(r.schedule_us_mean for r in sched) / len(sched) if sched else None
-    sched_max = max((r.schedule_us_max for r in sched), default=None)
+    # (mean and max are set together: 0.0 never stands in for a missing one)
+    sched_mean = sum(r.schedule_us_mean or 0.0 for r in sched) / len(sched) if sched else None
+    sched_max = max((r.schedule_us_max or 0.0 for r in sched), default=None)
     stepping = state.stepping_s()  # the command's elapsed time also holds the engine's start
     parts: list[Any] = [("elapsed ", "dim"), duration(elapsed), sep(),
                         (count(steps), "bold"), (" steps", "dim"),
@@ -277,7 +282,8 @@ def current_multi_panel(engines: list[EngineState], width: int) -> tuple[Panel, 
                      ("run", {"justify": "right"}), ("wait", {"justify": "right", "style": WAITING_STYLE}),
                      ("KV", {"justify": "right", "style": KV_STYLE}), ("preempt", {"justify": "right", "style": "red"}),
                      ("steps/s", {"justify": "right"}), ("held back by", {})):
-        t.add_column(name, no_wrap=True, overflow="ellipsis", **kw)
+        opts: dict[str, Any] = kw  # rich checks justify's value at run time
+        t.add_column(name, no_wrap=True, overflow="ellipsis", **opts)
     bar_w = max(min(width - 90, 30), 6)
     for eng in engines:
         ev = eng.latest or _NO_STEP
@@ -364,19 +370,19 @@ def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: 
     recent = heapq.nlargest(max(min(room, max_rows), 0),
                             (ev for e in engines for ev in e.recent_preempts), key=lambda ev: ev.ts)
     if recent:
-        cols = [("step", "right", ""), ("request", "left", ""), ("discarded", "right", "red"),
+        cols: list[_Col] = [("step", "right", ""), ("request", "left", ""), ("discarded", "right", "red"),
                 ("output", "right", ""), ("times", "right", "bold"), ("KV", "right", KV_STYLE),
                 ("run/wait", "right", "")]
-        rows = [[count(ev.step), str(ev.req_id), f"{count(ev.discarded_tokens)} tok",
+        table_rows = [[count(ev.step), str(ev.req_id), f"{count(ev.discarded_tokens)} tok",
                  count(ev.output_tokens), f"×{count(ev.num_preemptions)}", pct(ev.kv_usage),
                  f"{count(ev.running)}/{count(ev.waiting)}"] for ev in recent]
         if width < 68:  # narrow: the request id matters more than KV use and queue lengths
-            cols, rows = cols[:5], [row[:5] for row in rows]
+            cols, table_rows = cols[:5], [row[:5] for row in table_rows]
         if multi:
             cols.insert(0, ("dp", "right", ""))
-            for row, ev in zip(rows, recent):
+            for row, ev in zip(table_rows, recent):
                 row.insert(0, str(ev.engine))
-        t = _table(cols, rows, width - 4, flex=2 if multi else 1)
+        t = _table(cols, table_rows, width - 4, flex=2 if multi else 1)
         items.append(t)
         height += 1 + len(recent)
     title = Text.assemble(("preemptions", PREEMPT_STYLE if total else ""),
@@ -392,13 +398,14 @@ def prefills_panel(engines: list[EngineState], width: int, rows: int, multi: boo
     room = max(rows - 3, 1)
     shown = inflight[:room]
     narrow = width < 80  # no "pass" column: recompute passes still show as red bars
-    cols = [("request", "left", ""), ("pass", "left", ""), ("chunk [start, end)", "right", ""),
+    cols: list[_Col] = [("request", "left", ""), ("pass", "left", ""), ("chunk [start, end)", "right", ""),
             ("done/prefill", "right", "")]
     if narrow:
         del cols[1]
     if multi:
         cols.insert(0, ("dp", "right", ""))
-    rows, bars = [], []
+    table_rows: list[list[Any]] = []
+    bars: list[tuple[int, int, str]] = []
     for r in shown:
         total = r.prefill_len or r.prompt_len or max(r.computed, 1)
         start, end = r.last_chunk or (0, 0)
@@ -408,16 +415,16 @@ def prefills_panel(engines: list[EngineState], width: int, rows: int, multi: boo
             del row[1]
         if multi:
             row.insert(0, str(r.engine))
-        rows.append(row)
+        table_rows.append(row)
         bars.append((total, min(r.computed, total), "red" if r.passes > 1 else PREFILL_STYLE))
     # the progress bar takes what the other columns leave (6..30 cells)
     others = sum(max(len(c[0]), *(Text(str(row[i])).cell_len if not isinstance(row[i], Text) else row[i].cell_len
-                                     for row in rows)) + 2 for i, c in enumerate(cols))
+                                     for row in table_rows)) + 2 for i, c in enumerate(cols))
     bar_w = max(min(width - 4 - others - 2, 30), 6)
     cols.insert(-1, ("progress", "left", ""))
-    for row, (total, done, style) in zip(rows, bars):
+    for row, (total, done, style) in zip(table_rows, bars):
         row.insert(-1, (ProgressBar(total=total, completed=done, width=bar_w, complete_style=style), bar_w))
-    t = _table(cols, rows, width - 4, flex=1 if multi else 0)
+    t = _table(cols, table_rows, width - 4, flex=1 if multi else 0)
     title = f"prefills in flight: {len(inflight)}" + (f" (showing {len(shown)})" if len(shown) < len(inflight) else "")
     return Panel(t, title=title, title_align="left", padding=(0, 1)), len(shown) + 3
 
@@ -455,7 +462,7 @@ def requests_panel(engines: list[EngineState], now: float, width: int, rows: int
     full = width >= 100  # narrower: drop computed, chunks and TTFT in steps
     priority = any(e.priorities_vary for e in engines) or any(
         e.config is not None and e.config.scheduling_policy == "priority" for e in engines)
-    cols = [("request", "left", ""), ("state", "left", ""), *((("prio", "right", ""),) if priority else ()),
+    cols: list[_Col] = [("request", "left", ""), ("state", "left", ""), *((("prio", "right", ""),) if priority else ()),
             ("prompt", "right", ""), ("computed", "right", ""),
             ("output", "right", ""), ("chunks", "right", ""), ("preempt", "right", ""), ("queue", "right", ""),
             ("TTFT", "right", ""), ("TTFT steps", "right", "")]
@@ -463,7 +470,7 @@ def requests_panel(engines: list[EngineState], now: float, width: int, rows: int
         cols = [c for c in cols if c[0] not in ("computed", "chunks", "TTFT steps")]
     if multi:
         cols.insert(0, ("dp", "right", ""))
-    rows = []
+    table_rows = []
     for r in shown:
         eng = next((e for e in engines if e.engine == r.engine), None)
         step = eng.last_step if eng else 0
@@ -485,8 +492,8 @@ def requests_panel(engines: list[EngineState], now: float, width: int, rows: int
                  "prompt": count(r.prompt_len), "computed": comp_s, "output": out_s, "chunks": count(r.chunks),
                  "preempt": Text(count(r.preemptions), style="red" if r.preemptions else "dim"),
                  "queue": queue, "TTFT": duration(r.ttft_s), "TTFT steps": count(r.ttft_steps)}
-        rows.append([cells[name] for name, _, _ in cols])
-    t = _table(cols, rows, width - 4, flex=1 if multi else 0)
+        table_rows.append([cells[name] for name, _, _ in cols])
+    t = _table(cols, table_rows, width - 4, flex=1 if multi else 0)
     title = Text.assemble(
         ("requests ", "bold"), (f"{counts[PREEMPTED]} preempted", "red" if counts[PREEMPTED] else "dim"), sep(),
         (f"{counts[PREFILL]} prefill", PREFILL_STYLE), sep(), (f"{counts[WAITING]} waiting", WAITING_STYLE), sep(),
@@ -527,8 +534,9 @@ def compact_view(state: RunState, engines: list[EngineState], stats: ReadStats |
         inflight = eng.prefills_in_flight()
         if inflight:
             r = inflight[0]
-            s, e = r.last_chunk or (0, 0)
-            lines.append(line((f"prefill {r.req_id} chunk {r.chunk_index} [{count(s)}, {count(e)})", PREFILL_STYLE),
+            start, end = r.last_chunk or (0, 0)
+            lines.append(line((f"prefill {r.req_id} chunk {r.chunk_index} [{count(start)}, {count(end)})",
+                                PREFILL_STYLE),
                                (f" +{len(inflight) - 1} more" if len(inflight) > 1 else "", "dim")))
     counts = {WAITING: 0, PREFILL: 0, DECODE: 0, PREEMPTED: 0}
     for e in engines:
