@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 from ...runs.reader import ReadStats
 from ...runs.rundir import read_meta
@@ -21,7 +22,8 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .rules import CATALOGUE, FINDING_IDS, Context
+from .context import Context
+from .rules import CATALOGUE, FINDING_IDS
 
 __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
            "diagnose", "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
@@ -51,7 +53,7 @@ class Report:
     state: RunState
     episodes: Episodes
     stats: ReadStats
-    meta: dict
+    meta: dict[str, Any]
     expected_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,7 +84,7 @@ def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bo
     return worst_first(found, FINDING_IDS)
 
 
-def expected_of_meta(meta: dict) -> Expectation | None:
+def expected_of_meta(meta: dict[str, Any]) -> Expectation | None:
     """What ``vllm-probe run --settings`` recorded as expected in ``meta.json`` (None:
     nothing, or not readable)."""
     raw = meta.get("expected") if isinstance(meta, dict) else None
@@ -118,7 +120,7 @@ class LiveDiagnosis:
     (a finished run's findings are computed once more, then kept).
     """
 
-    def __init__(self, every_s: float = 1.0, clock=time.monotonic) -> None:
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.episodes = Episodes()
         self.every_s = every_s
         self._clock = clock
@@ -126,7 +128,7 @@ class LiveDiagnosis:
         self._key: tuple[int, bool] | None = None
         self._at = 0.0
 
-    def findings(self, state: RunState, meta: dict, finished: bool) -> list[Finding]:
+    def findings(self, state: RunState, meta: dict[str, Any], finished: bool) -> list[Finding]:
         """The findings on ``state`` (followed by :attr:`episodes`); ``meta``: the run's
         ``meta.json`` (what ``run --settings`` expected); ``finished``: the run is over."""
         key = (state.events, finished)

@@ -152,7 +152,7 @@ def _resolved(finding_id: str, figures: dict[str, dict[str, Any]]) -> bool | Non
     recorded, predicted = figures.get(name, {}).get("recorded"), figures.get(name, {}).get("predicted")
     if predicted is None or (target == "lower" and recorded is None):
         return None
-    return predicted < recorded if target == "lower" else predicted <= target
+    return bool(predicted < recorded) if target == "lower" else bool(predicted <= target)
 
 
 def baseline_error(result: Any) -> dict[str, Any] | None:
@@ -163,7 +163,8 @@ def baseline_error(result: Any) -> dict[str, Any] | None:
     if error is None:
         error = _get(_get(result, "baseline"), "error")
     if not isinstance(error, dict) or "figures" not in error:
-        return _jsonable(error)
+        plain: dict[str, Any] | None = _jsonable(error)
+        return plain
     rows = error["figures"]
     return {"within": bool(error.get("within")),
             "figures": {label: _jsonable(_get(row, "error")) for label, row in rows.items()},

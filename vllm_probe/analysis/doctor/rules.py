@@ -154,7 +154,8 @@ def preemption_thrash(ctx: Context) -> list[Finding]:
             msg = (f"{worst.req_id} was preempted {worst.preemptions} times"
                    + (f" (steps {span[0]}-{span[1]})" if span else "")
                    + f", discarding {fmt_count(worst.discarded_tokens)} computed tokens"
-                   + (f" against its {fmt_count(worst.prompt_len)}-token prompt ({ratio:.1f}×)" if ratio is not None else ""))
+                   + (f" against its {fmt_count(worst.prompt_len or 0)}-token prompt ({ratio:.1f}×)"
+                      if ratio is not None else ""))
         if len(cands) > (2 if pair else 1):
             msg += f"; {len(cands) - (2 if pair else 1)} more request(s) preempted repeatedly"
         evidence = {**engine_evidence(ctx, eng), "requests": [
@@ -169,7 +170,8 @@ def preemption_thrash(ctx: Context) -> list[Finding]:
     return out
 
 
-def _blocked_victims(ep: EngineEpisodes, budget: int) -> list[tuple[Wait, list, int, int, bool]]:
+def _blocked_victims(ep: EngineEpisodes, budget: int,
+                     ) -> list[tuple[Wait, list[tuple[str, int, int | None]], int, int, bool]]:
     """Short requests whose wait was mostly queue time while long requests' prefills took
     the budget: ``(wait, long takers [(req_id, tokens, prompt_len)], their tokens, all
     prefill tokens of the wait, complete)``."""
@@ -293,7 +295,7 @@ def stall(ctx: Context) -> list[Finding]:
         open_stall = runs.open
         never = (not ctx.live and open_stall is not None and open_stall.last_step == eng.last_step
                  and open_stall.steps >= STALL_CRITICAL_STEPS)
-        cause_reason = max(reasons, key=reasons.get) if reasons else None
+        cause_reason = max(reasons, key=reasons.__getitem__) if reasons else None
         head, head_len = (first.head, first.head_prompt_len) if first is not None else (None, None)
         remedy = None
         if open_stall is not None and open_stall.head:
@@ -327,7 +329,7 @@ def stall(ctx: Context) -> list[Finding]:
                             "scheduling the slot frees in the same step",
                             "without async scheduling the next step is not prepared while the GPU runs this one",
                             SRC_ASYNC)
-        if never:
+        if never and open_stall is not None:
             msg += f"; the queue never drained (the log ends {open_stall.steps} steps into it)"
         out.append(Finding("stall", CRITICAL if never else WARNING, msg, {
             **engine_evidence(ctx, eng), "stall_steps": runs.steps,
@@ -348,11 +350,12 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
             continue
         share = c.extra_steps / eng.steps
         want = round_up(max(c.longest_prompt, cfg.max_num_batched_tokens or 0), 256)
+        first, last = c.example_steps or (0, 0)  # set with the example
         msg = (f"{c.prompts} prompt{'s were' if c.prompts != 1 else ' was'} cut into chunks while nothing decoded "
                f"alongside: chunking only added {fmt_count(c.extra_steps)} step{'s' if c.extra_steps != 1 else ''} "
                f"({fmt_pct(share)} of the run) and "
                f"{fmt_count(c.reread_tokens)} KV tokens read again; the longest, {c.example} "
-               f"({fmt_count(c.longest_prompt)} tokens, steps {c.example_steps[0]}-{c.example_steps[1]})")
+               f"({fmt_count(c.longest_prompt)} tokens, steps {first}-{last})")
         out.append(Finding("chunking-without-benefit", WARNING if share >= CHUNK_ALONE_WARN_SHARE else INFO, msg, {
             **engine_evidence(ctx, eng), "prompts": c.prompts, "extra_steps": c.extra_steps, "share_of_steps": round(share, 4),
             "reread_kv_tokens": c.reread_tokens, "example": c.example, "example_prompt_len": c.longest_prompt,
