@@ -6,7 +6,7 @@ thread), :mod:`.signals` (the stop-signal checkpoint) and :mod:`.compat` (what d
 between vLLM releases). It imports only :mod:`vllm_probe.schema`,
 :mod:`vllm_probe.settings`, :mod:`vllm_probe.envvars`, vLLM and its own dependencies
 (structlog, msgspec): never the readers, the exporters, the live view or the test
-harness (``tests/test_engine_layout.py`` checks it).
+harness (``tests/test_layout.py`` checks it).
 
 The names below are what the plugin, the benchmarks and the tests use.
 """
