@@ -4,7 +4,8 @@
 ``--metrics-port`` serves the run's Prometheus metrics from this process (never from
 the engine core) for as long as the command runs: the port is bound before the run
 directory is made, so a port in use is one line and nothing starts; the command's exit
-stops the server. See :mod:`vllm_probe.cli.metrics` for the same as a sidecar.
+stops the server. With ``--live`` the server serves the dashboard's
+:class:`~vllm_probe.analysis.follow.LiveRun` (every line read once, one state). See :mod:`vllm_probe.cli.metrics` for the same as a sidecar.
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ def main(args: argparse.Namespace) -> int:
         on_start = None
         if server is not None:
             def on_start(run_dir: Path) -> None:
-                server.follow(run_dir)
+                if not args.live:  # with --live the server attaches to the dashboard's LiveRun: one read
+                    server.follow(run_dir)
                 print(f"vllm-probe: metrics -> {server.url}", file=sys.stderr, flush=True)
         if args.live:
             from ..tui.watch import run_live
 
-            return run_live(command, settings, args.out, on_start=on_start)
+            return run_live(command, settings, args.out, on_start=on_start,
+                            on_live=server.attach if server is not None else None)
         return run_foreground(command, settings, args.out, on_start=on_start)
     except LaunchError as e:
         raise CliError(str(e), e.code) from None
