@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.expected import DIFFERS, MATCHES, NOT_V1
+from ..analysis.expected import DIFFERS, MATCHES, NOT_V1, UNKNOWN as NOT_AN_ARG
 from ..analysis.figures import Distribution
 from ..analysis.summary import LatencyClass, LatencyClasses, Summary
 from .format import UNKNOWN, count, figure, kv_capacity_compact, pct, prompt_class, share_of, triple
@@ -33,7 +33,8 @@ def _dist_row(t: Table, label: str, d: Distribution, unit: str) -> None:
 
 
 #: How each status of a settings check reads, and its style.
-_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"), NOT_V1: ("not in vLLM V1", "dim")}
+_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"), NOT_V1: ("not in vLLM V1", "dim"),
+               NOT_AN_ARG: ("unknown", "bold red")}
 
 
 def expected_table(s: Summary) -> Table | None:
@@ -43,9 +44,12 @@ def expected_table(s: Summary) -> Table | None:
         return None
     checks = s.expected["checks"]
     differs = sum(1 for c in checks if c["status"] == DIFFERS)
+    unknown = sum(1 for c in checks if c["status"] == NOT_AN_ARG)  # misspelt: vLLM never saw them
+    said = ([f"{differs} differ"] if differs else []) + (
+        [f"{unknown} not an engine argument of vLLM"] if unknown else [])
     title = f"Settings file {s.expected.get('source')} vs this run" + (
-        f": {differs} differ" if differs else ": no difference")
-    t = Table(title=title, title_justify="left", title_style="bold underline" + (" yellow" if differs else ""),
+        f": {', '.join(said)}" if said else ": no difference")
+    t = Table(title=title, title_justify="left", title_style="bold underline" + (" yellow" if said else ""),
               box=None, pad_edge=False, padding=(0, 2))
     for col, justify in (("setting", "left"), ("file", "right"), ("this run", "right"), ("", "left")):
         t.add_column(col, justify=justify, style="dim" if col == "setting" else None, no_wrap=col != "")
