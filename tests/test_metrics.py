@@ -192,7 +192,10 @@ def test_no_request_id_in_any_label():
 @pytest.mark.parametrize("command, expected", [
     (["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--port", "8000"], "Qwen/Qwen2.5-7B-Instruct"),
     (["/opt/venv/bin/vllm", "serve", "m", "--served-model-name", "chat", "chat-b"], "chat"),
-    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama"], "/models/llama"),
+    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama"], "llama"),
+    (["vllm", "serve", "/work/main/.venv/models/tiny-llama/"], "tiny-llama"),  # a local folder: never its path
+    (["vllm", "serve", "./tiny"], "tiny"),
+    (["vllm", "serve", "/models/llama", "--served-model-name", "/x/y"], "/x/y"),  # the user's own name, as given
     (["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/models/llama",
       "--served-model-name=llama"], "llama"),
     (["python", "examples/long_prompts.py", "--num-prompts", "8"], None),
@@ -423,7 +426,7 @@ def test_sidecar_serves_a_finished_runs_totals_until_sigterm(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        e = {"engine": "0", "model_name": "/m/tiny"}
+        e = {"engine": "0", "model_name": "tiny"}  # the folder of --model /m/tiny, not its path
         m = wait_for(url, lambda m: ("vllm_probe_steps_total", frozenset(e.items())) in m.samples, timeout=30,
                      proc=proc)
         assert m("vllm_probe_steps_total", **e) == 9

@@ -219,3 +219,23 @@ def test_right_types_pass_an_int_is_a_number_and_unknown_names_are_not_type_chec
                                        "scheduling_policy = \"priority\"\n")
     assert load_expected(p).engine == {"gpu_memory_utilization": 1, "max_num_batched_token": "2k",
                                        "scheduling_policy": "priority"}
+
+
+def test_the_minimal_settings_file_says_what_it_does():
+    """Issue 20 item 7: it said "Same flags as settings.json" but turns step events off."""
+    text = (ROOT_CONFIGS / "settings.minimal.yaml").read_text()
+    assert "Same flags as settings.json" not in text
+    assert "turns per-step `step` events off" in text
+    assert load_settings(ROOT_CONFIGS / "settings.minimal.yaml").flags == ProbeFlags(log_schedule_each_step=False)
+    assert load_settings(ROOT_CONFIGS / "settings.json").flags == ProbeFlags()
+
+
+def test_the_license_is_an_spdx_expression_so_setuptools_prints_no_deprecation():
+    """Issue 20 item 7: ``license = { text = ... }`` made setuptools >= 77 print its
+    deprecation block during ``make demo``'s install; an SPDX string needs setuptools >= 77."""
+    import tomllib
+
+    project = tomllib.loads((ROOT_CONFIGS.parent / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["build-system"]["requires"] == ["setuptools>=77"]
+    assert not [c for c in project["project"].get("classifiers", []) if c.startswith("License ::")]

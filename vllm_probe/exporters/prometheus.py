@@ -65,8 +65,9 @@ FindingsSource = Callable[[RunState], Iterable[Any]]
 def model_name_of(command: list[str] | None) -> str | None:
     """The ``model_name`` label vLLM itself would use, read from the run's command line
     (``meta.json``): the first ``--served-model-name``, else ``--model``, else the
-    positional model of ``vllm serve MODEL``; None when it names none (e.g. a script
-    that builds ``LLM(...)`` itself)."""
+    positional model of ``vllm serve MODEL``, a local folder by its last component
+    (:func:`_model_label`); None when it names none (e.g. a script that builds
+    ``LLM(...)`` itself)."""
     if not command:
         return None
     found: dict[str, str] = {}
@@ -79,10 +80,22 @@ def model_name_of(command: list[str] | None) -> str | None:
         if (word == "serve" and i > 0 and Path(command[i - 1]).name == "vllm" and i + 1 < len(command)
                 and not command[i + 1].startswith("-")):
             found.setdefault("serve", command[i + 1])
-    for key in ("--served-model-name", "--model", "serve"):
+    if found.get("--served-model-name"):
+        return found["--served-model-name"]
+    for key in ("--model", "serve"):
         if found.get(key):
-            return found[key]
+            return _model_label(found[key])
     return None
+
+
+def _model_label(model: str) -> str:
+    """A model argument as a label: a local folder (``/models/llama``, ``./tiny``,
+    ``~/m``) by its last component (``llama``), never an absolute path of this machine; a
+    hub id (``Qwen/Qwen2.5-7B-Instruct``) as written."""
+    if model.startswith(("/", ".", "~")) or "\\" in model:
+        parts = [p for p in model.replace("\\", "/").split("/") if p not in ("", ".", "..", "~")]
+        return parts[-1] if parts else model
+    return model
 
 
 def _label_value(value: Any) -> str:
