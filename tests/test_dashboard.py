@@ -82,7 +82,7 @@ def test_finished_run_shows_final_totals():
     meta = {**META, "end_time": 101.0, "exit_code": 0}
     flat = squash(render(state, meta=meta, view=View(status="finished · exit 0")))
     assert "finished · exit 0" in flat
-    assert "recomputed so far 6 tok" in flat
+    assert "recomputed 6 tok" in flat  # one figure, one name: the summary's "recomputed"
     assert "0 preempted · 0 prefill · 0 waiting · 0 decode · 2 finished" in flat
     assert re.search(r"B\s+done \(length\)\s+4\s+-\s+5\s+2\s+1\s+199 ms\s+300 ms\s+2", flat)
     assert "elapsed 3.00 s" in flat

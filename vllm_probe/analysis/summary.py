@@ -17,7 +17,11 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
 * **steps**: ``step`` events (calls of ``Scheduler.schedule()``), summed over engine
   cores. **duration_s**: from the start of the first step (its ``ts`` minus its
   ``schedule_us``) to the ``ts`` of the last step, across engine cores (the time the
-  schedulers were stepping; in the time-ordered stream).
+  schedulers were stepping; in the time-ordered stream). **busy_s**: the seconds with at
+  least one request in an engine core (``request_added`` to ``request_finished``, idle
+  gaps between bursts left out: :meth:`~vllm_probe.analysis.state.RunState.busy_s`);
+  **output_tokens_per_busy_s**: output tokens of finished requests per busy second (the
+  engine's throughput while it had work; ``output_tokens_per_s`` divides by duration).
 * **tokens per step**: ``scheduled_tokens`` of each step; **budget use**:
   ``scheduled_tokens / token_budget`` of each step (0..1). Quantiles over all steps.
 * **prefill / decode split**: sums of the steps' ``prefill_tokens`` / ``decode_tokens``;
@@ -236,12 +240,14 @@ class Summary:
     config_differs_across_engines: bool = False
     steps: int = 0
     duration_s: float | None = None
+    busy_s: float | None = None  # seconds with a request in an engine core (None: no request events)
     requests_added: int = 0
     requests_finished: int = 0
     requests_unfinished: int = 0
     prompt_tokens: int = 0  # of finished requests
     output_tokens: int = 0  # of finished requests
     output_tokens_per_s: float | None = None
+    output_tokens_per_busy_s: float | None = None
     tokens_per_step: Distribution = field(default_factory=Distribution)
     budget_use: Distribution = field(default_factory=Distribution)  # 0..1
     scheduled_tokens: int | None = 0
@@ -435,6 +441,9 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     s.output_tokens = fin.output_tokens
     if s.duration_s:
         s.output_tokens_per_s = s.output_tokens / s.duration_s
+    s.busy_s = state.busy_s()
+    if s.busy_s:
+        s.output_tokens_per_busy_s = s.output_tokens / s.busy_s
 
     # steps: tokens and budget use
     tokens: dict[float, int] = {}

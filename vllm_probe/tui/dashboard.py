@@ -183,9 +183,11 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
     sched_mean = sum(r.schedule_us_mean for r in sched) / len(sched) if sched else None
     sched_max = max((r.schedule_us_max for r in sched), default=None)
     stepping = state.stepping_s()  # the command's elapsed time also holds the engine's start
+    busy = state.busy_s()  # stepping without the idle gaps between bursts
     parts: list[Any] = [("elapsed ", "dim"), duration(elapsed), sep(),
                         (count(steps), "bold"), (" steps", "dim"),
-                        *([(" in ", "dim"), duration(stepping)] if stepping is not None else []), sep(),
+                        *([(" in ", "dim"), duration(stepping)] if stepping is not None else []),
+                        *([(", busy ", "dim"), duration(busy)] if busy is not None else []), sep(),
                         *_step_rate(step_rate, per_second(steps, stepping), finished=bool(end)), sep(),
                         ("schedule() ", "dim"), micros(sched_mean), (" mean, ", "dim"), micros(sched_max), (" max", "dim")]
     if state.engines:  # the longest queues of the whole run (the chart shows recent steps only)
@@ -348,7 +350,7 @@ def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: 
     summary = line(("total ", "dim"), (count(total), PREEMPT_STYLE if total else "bold"), sep(),
                     (f"{in_window} in the last {wsteps} steps", ""), (f" ({rate:.2f}/s)", "dim"))
     work = line(("discarded ", "dim"), (f"{count(discarded)} tok", "bold"), sep(),
-                 ("recomputed so far ", "dim"), (f"{count(recomputed)} tok", "bold"))
+                 ("recomputed ", "dim"), (f"{count(recomputed)} tok", "bold"))
     items: list[RenderableType] = [summary, work]
     height = 4
     readmitted = sum(e.resumed_passes for e in engines)

@@ -120,10 +120,10 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
 
     run = _kv("Run", [
         ("steps", figure(s.steps)),
-        ("duration", figure(s.duration_s, "s")),
+        ("duration · busy", f"{figure(s.duration_s, 's')} · {figure(s.busy_s, 's')}"),
         ("requests finished", count(s.requests_finished) + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
         ("prompt · output tokens", f"{count(s.prompt_tokens)} · {count(s.output_tokens)}"),
-        ("output tokens/s", figure(s.output_tokens_per_s)),
+        ("output tokens/s · per busy s", f"{figure(s.output_tokens_per_s)} · {figure(s.output_tokens_per_busy_s)}"),
         ("bound most by", f"{s.bound_most} ({figure(s.bound_by.get(s.bound_most), '%')})" if s.bound_most else UNKNOWN),
     ])
     kv_cap = c.get("kv_capacity_tokens")
@@ -149,7 +149,7 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     pre = _kv("Preemptions · chunking", [
         ("preemptions (requests)", f"{count(p.count)} ({count(p.requests)})"),
         # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
-        ("discarded (wasted) · re-prefilled tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
+        ("discarded (wasted) · recomputed tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
         ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else UNKNOWN),
         ("per step max · steps with >1", f"{count(p.max_per_step)} · {count(p.steps_with_several)}"
          + (f" of {count(p.steps_with_preemptions)}" if p.steps_with_preemptions else "")),
