@@ -97,6 +97,40 @@ class WindowStats:
 
 
 @dataclass(slots=True)
+class PreemptionSeen:
+    """What the ``preempt`` events alone say about where and under which load the
+    preemptions happened, for runs with step events off (``settings.minimal.yaml``):
+    the preemption rules read it when ``EngineState.steps`` is 0.
+
+    Attributes:
+        first_step, last_step: the lowest / highest ``preempt.step`` (-1: none yet).
+        running_max, waiting_max: the most requests running / waiting after a
+            preemption (``preempt.running`` / ``preempt.waiting``; None: not recorded).
+        kv_usage_max: the highest ``preempt.kv_usage`` (0..1; None: not recorded).
+    """
+
+    first_step: int = -1
+    last_step: int = -1
+    running_max: int | None = None
+    waiting_max: int | None = None
+    kv_usage_max: float | None = None
+
+    def add(self, ev: Any) -> None:
+        """Fold one ``preempt`` record in."""
+        step = ev.step
+        if step is not None:
+            if self.first_step < 0 or step < self.first_step:
+                self.first_step = step
+            if step > self.last_step:
+                self.last_step = step
+        for name, value in (("running_max", ev.running), ("waiting_max", ev.waiting), ("kv_usage_max", ev.kv_usage)):
+            if value is not None:
+                have = getattr(self, name)
+                if have is None or value > have:
+                    setattr(self, name, value)
+
+
+@dataclass(slots=True)
 class EngineState:
     """One engine core (data-parallel rank): the latest records, run totals (tokens,
     requests, events), a rolling window of steps and the requests in flight."""
@@ -139,6 +173,8 @@ class EngineState:
     preemptions_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
     discarded_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
     step_preemptions: int = 0  # ids in the steps' ``preempted`` lists (right with preempt events off)
+    #: where and under which load the preempt events happened (step events off: all there is)
+    preempt_seen: PreemptionSeen = field(default_factory=PreemptionSeen)
     requests_preempted: int = 0  # distinct requests preempted at least once
     discarded_tokens: int = 0
     recomputed_tokens: int = 0  # tokens of chunks in resumed (recompute) passes
@@ -213,6 +249,26 @@ class EngineState:
     @property
     def max_num_seqs(self) -> int | None:
         return self._max_num_seqs
+
+    @property
+    def preemptions_total(self) -> int:
+        """The run's preemptions, one figure for every view (the dashboard, the ``--plain``
+        lines, the summary): ``preempt`` events, or with those off the ids in the steps'
+        ``preempted`` lists, whichever counted more (within a step the preempt events come
+        first; with both on they agree once the step is read)."""
+        return self.preemptions if self.preemptions >= self.step_preemptions else self.step_preemptions
+
+    @property
+    def step_budget(self) -> int | None:
+        """The token budget of the latest step (``step.token_budget``), else the engine's
+        ``max_num_batched_tokens`` (``engine_config``); None when neither is known. The one
+        budget every view feeds to :func:`~vllm_probe.analysis.figures.budget_use`."""
+        latest = self.latest
+        budget = latest.token_budget if latest is not None else None
+        if budget:
+            return budget
+        config = self.config
+        return (config.max_num_batched_tokens or None) if config is not None else None
 
     def request(self, req_id: str) -> RequestState:
         req = self.requests.get(req_id)

@@ -335,6 +335,7 @@ class RunState:
         req.computed = 0
         req.last_preempt_ts = ev.ts
         req.last_preempt_step = ev.step
+        eng.preempt_seen.add(ev)
         eng.recent_preempts.append(ev)
         if self.listener is not None:
             self.listener.on_preempt(eng, req, ev)

@@ -465,7 +465,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
 
     # preemptions
     p = s.preemptions
-    p.count = int(state.total("preemptions"))
+    p.count = int(state.total("preemptions_total"))  # preempt events, or the steps' lists with those off
     p.requests = int(state.total("requests_preempted"))
     p.discarded_tokens = int(state.total("discarded_tokens"))
     p.recomputed_tokens = int(state.total("recomputed_tokens"))

@@ -8,10 +8,11 @@ the timeline), converted to base units and Prometheus' cumulative buckets. Names
 types, units, labels and the event field behind each metric: docs/metrics.md.
 
 :class:`MetricsServer` serves them over HTTP while a run goes on: prometheus_client's
-own server (a thread per scrape) plus one thread that follows the run directory as
-``vllm-probe tail`` does (:class:`~vllm_probe.runs.reader.Follower`) into one
-``RunState``. A lock keeps a scrape and the follower apart; the follower takes it for
-at most :data:`APPLY_SLICE` events at a time, so a scrape never waits for a backlog.
+own server (a thread per scrape) over a :class:`~vllm_probe.analysis.follow.LiveRun`
+(one Follower into one ``RunState``): the dashboard's when ``run --live`` shows one, else
+its own, pumped by one thread. The LiveRun's lock keeps a scrape and the reading apart;
+the reader takes it for at most :data:`~vllm_probe.analysis.follow.APPLY_SLICE` events
+at a time, so a scrape never waits for a backlog.
 The engine core is not involved (it opens no socket, guarantee 9).
 
 Labels are bounded: ``engine`` (the data-parallel rank), ``model_name`` where the run's
@@ -24,7 +25,6 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-import time
 from bisect import bisect_left
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -43,12 +43,11 @@ from ..analysis.engine_state import EngineState
 from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
 from ..analysis.summary import CONFIG_KEYS
-from ..analysis.follow import APPLY_SLICE, META_EVERY_S, READ_CHUNK, LiveRun
+from ..analysis.follow import READ_CHUNK, LiveRun
 from ..runs.reader import Follower, ReadStats
 
 #: Seconds between two looks at the run directory when the follower has caught up.
 POLL_S = 0.25
-#: READ_CHUNK, APPLY_SLICE, META_EVERY_S: the LiveRun's (:mod:`vllm_probe.analysis.follow`).
 #: The doctor's findings (``vllm_probe_finding``) are recomputed at most this often (s),
 #: on a scrape: a Prometheus scrape interval is 5 s or more.
 FINDINGS_EVERY_S = 5.0

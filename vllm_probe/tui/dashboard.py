@@ -233,7 +233,7 @@ def current_panel(eng: EngineState, width: int) -> tuple[Panel, int]:
     ev = eng.latest or _NO_STEP
     cfg = eng.config or _NO_CONFIG
     scheduled = ev.scheduled_tokens or 0
-    budget = ev.token_budget or cfg.max_num_batched_tokens or 0
+    budget = eng.step_budget or 0
     pt, dt = ev.prefill_tokens, ev.decode_tokens
     inner = max(width - 4, 10)
     split = (f"{count(pt)} prefill + {count(dt)} decode = " if pt is not None and dt is not None else "")
@@ -281,13 +281,13 @@ def current_multi_panel(engines: list[EngineState], width: int) -> tuple[Panel, 
     for eng in engines:
         ev = eng.latest or _NO_STEP
         ws = eng.window_stats()
-        sched, budget = ev.scheduled_tokens or 0, ev.token_budget or 0
+        sched, budget = ev.scheduled_tokens or 0, eng.step_budget or 0
         bound = eng.window[-1].bound if eng.window else None
         t.add_row(str(eng.engine), count(ev.step),
                   Text.assemble(budget_bar(ev.prefill_tokens, ev.decode_tokens, sched, budget, bar_w),
                                 f" {count(sched)}/{count(budget)}"),
                   count(ev.prefill_tokens), count(ev.decode_tokens), count(ev.running),
-                  count(ev.waiting), pct(ev.kv_usage), count(eng.preemptions),
+                  count(ev.waiting), pct(ev.kv_usage), count(eng.preemptions_total),
                   f"{ws.step_rate:.1f}" if ws.step_rate else UNKNOWN,
                   LIMIT_LABEL.get(bound, UNKNOWN) if bound else UNKNOWN)
     return Panel(t, title=f"current step · {len(engines)} engine cores (data-parallel ranks)",
@@ -340,7 +340,7 @@ def chart_panel(engines: list[EngineState], width: int, rows: int, chart_steps: 
 def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: bool,
                  max_rows: int = PREEMPT_ROWS) -> tuple[Panel, int]:
     """Preemption panel of at most ``rows`` lines (borders included)."""
-    total = sum(e.preemptions for e in engines)
+    total = sum(e.preemptions_total for e in engines)
     discarded = sum(e.discarded_tokens for e in engines)
     recomputed = sum(e.recomputed_tokens for e in engines)
     ws = [e.window_stats() for e in engines]
@@ -511,7 +511,7 @@ def compact_view(state: RunState, engines: list[EngineState], stats: ReadStats |
     lines: list[Text] = [line(("vllm-probe ", "bold"), (view.status, view.status_style))]
     for eng in engines:
         ev = eng.latest or _NO_STEP
-        sched, budget = ev.scheduled_tokens or 0, ev.token_budget or 0
+        sched, budget = ev.scheduled_tokens or 0, eng.step_budget or 0
         prefix = f"dp{eng.engine} " if len(engines) > 1 else ""
         lines.append(line((prefix, "bold"), ("step ", "dim"), (count(ev.step), "bold"), " ",
                            (f"{count(sched)}/{count(budget)} tok", "bold"),
