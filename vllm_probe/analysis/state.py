@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any, Callable
 
-from ..schema.records import STRUCTS, from_dict
+from ..schema.records import STRUCTS
 from .engine_state import (
     _KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
 )
@@ -73,15 +73,17 @@ class RunState:
         return eng
 
     def apply(self, ev) -> None:
-        """Update the state with one event: a record of :mod:`vllm_probe.schema.records`
-        (as the reader yields them) or an event dict (converted first; ignored when its
-        kind is unknown or a field has the wrong type)."""
-        if type(ev) is dict:
-            ev = from_dict(ev)
-            if ev is None:
-                return
+        """Update the state with one record of :mod:`vllm_probe.schema.records` (as the
+        reader yields them; past the reader there are only records).
+
+        Raises:
+            TypeError: ``ev`` is a dict (decode it with :mod:`vllm_probe.runs.reader`, or
+                build the record: ``tests/_events.py``'s ``records``).
+        """
         handler = self._handlers.get(type(ev))
         if handler is None:
+            if type(ev) is dict:
+                raise TypeError("RunState.apply takes records (vllm_probe.schema.records), not event dicts")
             return
         ts, idx, pid = ev.ts, ev.engine, ev.pid
         eng = self.engines.get(idx) or self.engine(idx)

@@ -94,7 +94,6 @@ from typing import Any, Iterable
 
 from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import NoEventsError, event_files, never_started_note, read_meta
-from ..schema.records import from_dict
 from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
 from .state import RequestState, RunState, StateListener
@@ -322,8 +321,8 @@ def analyze_events(events: Iterable, stats: ReadStats | None = None, run_dir: st
     """The state of a run and its :class:`Summary`, from an iterable of events: each
     engine core's events in file order (engine cores may follow one another or
     interleave, as ``iter_run`` yields them). Events are records of
-    :mod:`vllm_probe.schema.records` or dicts (converted; skipped when a field has the
-    wrong type). ``listener`` follows every transition (the doctor's
+    :mod:`vllm_probe.schema.records` (past the reader there are only records; a
+    hand-made stream builds them: ``tests/_events.py``'s ``records``). ``listener`` follows every transition (the doctor's
     :class:`~vllm_probe.analysis.episodes.Episodes`). ``with_summary=False``: the state
     only (no per-request latency records), and None for the summary. ``boundaries``:
     prompt-length class boundaries in tokens (None: :func:`default_boundaries` of the
@@ -340,10 +339,6 @@ def analyze_events(events: Iterable, stats: ReadStats | None = None, run_dir: st
     gc.disable()
     try:
         for ev in events:
-            if type(ev) is dict:
-                ev = from_dict(ev)
-                if ev is None:
-                    continue
             apply(ev)
     finally:
         if gc_was_enabled:
