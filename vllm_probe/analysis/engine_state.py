@@ -231,24 +231,24 @@ class EngineState:
     recent_preempts: deque = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
     finished: deque = field(init=False)
-    _awaiting_token: dict[str, RequestState] = field(default_factory=dict)
-    _max_num_seqs: int | None = None  # cached from config for the per-step hot path
+    #: requests whose prefill pass just ended: their first token comes with the next step
+    #: (or their finish); written by RunState's handlers
+    awaiting_first_token: dict[str, RequestState] = field(default_factory=dict)
+    #: ``engine_config.max_num_seqs``, set by RunState when the config is read (the per-step
+    #: path reads it without going through the config record)
+    max_num_seqs: int | None = None
     # the histograms of sampling_seen, one attribute each for request_added's loop
-    _seen_max_tokens: dict = field(init=False, repr=False)
-    _seen_temperature: dict = field(init=False, repr=False)
-    _seen_top_p: dict = field(init=False, repr=False)
+    seen_max_tokens: dict = field(init=False, repr=False)
+    seen_temperature: dict = field(init=False, repr=False)
+    seen_top_p: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._seen_max_tokens, self._seen_temperature, self._seen_top_p = (
+        self.seen_max_tokens, self.seen_temperature, self.seen_top_p = (
             self.sampling_seen[name] for name in SAMPLING_FIELDS)
         self.window = deque(maxlen=self.step_window)
         self.timeline = Timeline(self, self.timeline_spans)
         self.recent_preempts = deque(maxlen=PREEMPT_KEEP)
         self.finished = deque(maxlen=self.finished_keep)
-
-    @property
-    def max_num_seqs(self) -> int | None:
-        return self._max_num_seqs
 
     @property
     def preemptions_total(self) -> int:

@@ -165,7 +165,7 @@ class RunState:
 
     def _engine_config(self, eng: EngineState, ev) -> None:
         eng.config = ev
-        eng._max_num_seqs = ev.max_num_seqs
+        eng.max_num_seqs = ev.max_num_seqs
 
     def _step(self, eng: EngineState, ev) -> None:
         step = ev.step
@@ -207,7 +207,7 @@ class RunState:
             eng.step_preemptions += n_preempted
             hist = eng.preempted_steps
             hist[n_preempted] = hist.get(n_preempted, 0) + 1
-        bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
+        bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng.max_num_seqs)
         eng.bound_counts[bound] += 1
         blocked = ev.head_blocked_by
         if blocked is not None:
@@ -252,11 +252,11 @@ class RunState:
             for rid in ev.finished:
                 if rid in eng.requests:
                     self._finish(eng, rid, ts, None, None, None)
-        if eng._awaiting_token:
-            done = [r for r in eng._awaiting_token.values() if r.first_token_step is not None and r.first_token_step < step]
+        if eng.awaiting_first_token:
+            done = [r for r in eng.awaiting_first_token.values() if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
                 req.first_token_ts = ts
-                del eng._awaiting_token[req.req_id]
+                del eng.awaiting_first_token[req.req_id]
                 self._first_token(eng, req)
         if self.listener is not None:
             self.listener.on_step(eng, ev)
@@ -309,7 +309,7 @@ class RunState:
             req.pass_end_step = ev.step
             if req.first_token_step is None:  # the pass that produced the first token
                 req.first_token_step = ev.step
-                eng._awaiting_token[req.req_id] = req
+                eng.awaiting_first_token[req.req_id] = req
                 hist = eng.first_pass_chunks
                 hist[index + 1] = hist.get(index + 1, 0) + 1
         else:
@@ -355,8 +355,8 @@ class RunState:
         req.priority = ev.priority
         req.arrival_ts = ev.ts if ev.arrival_ts is None else ev.arrival_ts
         # per request, not per step; inlined (a summary counts tens of thousands)
-        for hist, value in ((eng.priorities, ev.priority), (eng._seen_max_tokens, ev.max_tokens),
-                            (eng._seen_temperature, ev.temperature), (eng._seen_top_p, ev.top_p)):
+        for hist, value in ((eng.priorities, ev.priority), (eng.seen_max_tokens, ev.max_tokens),
+                            (eng.seen_temperature, ev.temperature), (eng.seen_top_p, ev.top_p)):
             if value is not None:
                 n = hist.get(value)
                 if n is not None:
@@ -383,7 +383,7 @@ class RunState:
             req.output_tokens = output_tokens
         if num_preemptions is not None:
             req.preemptions = num_preemptions
-        if eng._awaiting_token.pop(req.req_id, None) is not None:
+        if eng.awaiting_first_token.pop(req.req_id, None) is not None:
             req.first_token_ts = ts
             self._first_token(eng, req)
         eng.finished.append(req)
