@@ -204,8 +204,8 @@ class RunState:
         hist = eng.queue_steps
         hist[key] = hist.get(key, 0) + 1
         if n_preempted:
-            eng.step_preemptions += n_preempted
-            hist = eng.preempted_steps
+            eng.preempt.in_step_lists += n_preempted
+            hist = eng.preempt.per_step
             hist[n_preempted] = hist.get(n_preempted, 0) + 1
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng.max_num_seqs)
         eng.bound_counts[bound] += 1
@@ -263,13 +263,14 @@ class RunState:
 
     def _chunk(self, eng: EngineState, ev) -> None:
         req = eng.request(ev.req_id)
-        eng.chunks += 1
+        pf = eng.prefill
+        pf.chunks += 1
         req.chunks += 1
         start = ev.start or 0
         end = start if ev.end is None else ev.end
         index = ev.chunk_index or 0
-        eng.chunk_tokens += end - start
-        eng.reread_kv_tokens += chunk_reread_tokens(index, start)
+        pf.chunk_tokens += end - start
+        pf.reread_kv_tokens += chunk_reread_tokens(index, start)
         if ev.prompt_len is not None:
             req.prompt_len = ev.prompt_len
         if index == 0:
@@ -279,15 +280,15 @@ class RunState:
                 eng.hits_step, eng.step_prefix_hits = ev.step, 0
             eng.step_prefix_hits += hits
             if ev.resumed:
-                eng.resumed_passes += 1
-                eng.resumed_prefix_hit_tokens += hits
-                eng.resumed_prefill_tokens += ev.prefill_len if ev.prefill_len is not None else end
+                pf.resumed_passes += 1
+                pf.resumed_prefix_hit_tokens += hits
+                pf.resumed_prefill_tokens += ev.prefill_len if ev.prefill_len is not None else end
             else:
-                eng.first_passes += 1
-                eng.prefix_hit_tokens += hits
-                eng.first_pass_prompt_tokens += ev.prompt_len if ev.prompt_len is not None else end
+                pf.first_passes += 1
+                pf.prefix_hit_tokens += hits
+                pf.first_pass_prompt_tokens += ev.prompt_len if ev.prompt_len is not None else end
                 if hits:
-                    eng.requests_with_prefix_hits += 1
+                    pf.requests_with_prefix_hits += 1
             if req.first_scheduled_ts is None:
                 req.first_scheduled_ts = ev.ts
                 req.first_scheduled_step = ev.step
@@ -297,7 +298,7 @@ class RunState:
                     eng.queue_s.add(queue_s)
         if ev.resumed:
             req.recomputed_tokens += end - start
-            eng.recomputed_tokens += end - start
+            eng.preempt.recomputed_tokens += end - start
         else:
             req.first_pass_chunks += 1
         req.chunk_index = index
@@ -310,7 +311,7 @@ class RunState:
             if req.first_token_step is None:  # the pass that produced the first token
                 req.first_token_step = ev.step
                 eng.awaiting_first_token[req.req_id] = req
-                hist = eng.first_pass_chunks
+                hist = pf.first_pass_chunks
                 hist[index + 1] = hist.get(index + 1, 0) + 1
         else:
             req.phase = PREFILL
@@ -319,14 +320,15 @@ class RunState:
 
     def _preempt(self, eng: EngineState, ev) -> None:
         req = eng.request(ev.req_id)
-        eng.preemptions += 1
+        p = eng.preempt
+        p.events += 1
         if not req.preemptions:
-            eng.requests_preempted += 1
+            p.requests += 1
         discarded = ev.discarded_tokens or 0
-        eng.discarded_tokens += discarded
+        p.discarded_tokens += discarded
         reason = preempt_reason(ev.reason)
-        eng.preemptions_by_reason[reason] = eng.preemptions_by_reason.get(reason, 0) + 1
-        eng.discarded_by_reason[reason] = eng.discarded_by_reason.get(reason, 0) + discarded
+        p.by_reason[reason] = p.by_reason.get(reason, 0) + 1
+        p.discarded_by_reason[reason] = p.discarded_by_reason.get(reason, 0) + discarded
         req.preemptions = ev.num_preemptions or req.preemptions + 1
         req.discarded_tokens += discarded
         if ev.output_tokens is not None:
