@@ -80,7 +80,7 @@ class LiveRun:
         self.state = RunState(step_window=step_window, listener=listener, **kw)
         self.engine = engine
         self.lock = threading.RLock()
-        self.meta: dict = read_meta(self.run_dir)
+        self.meta: dict[str, Any] = read_meta(self.run_dir)
         self._meta_at = time.monotonic()
         self.incomplete = 0
         self.applied = 0
@@ -92,7 +92,7 @@ class LiveRun:
         """Call ``fn(record)`` after each record is applied (in the pumping thread, lock held)."""
         self._subscribers.append(fn)
 
-    def refresh_meta(self) -> dict:
+    def refresh_meta(self) -> dict[str, Any]:
         """Read ``meta.json`` again (now) and return it."""
         self.meta, self._meta_at = read_meta(self.run_dir), time.monotonic()
         return self.meta
@@ -136,7 +136,7 @@ class LiveRun:
         """Incomplete last lines, counted once the run has finished."""
         return self.incomplete if self.finished else 0
 
-    def findings(self, meta: dict | None = None, finished: bool | None = None) -> list:
+    def findings(self, meta: dict[str, Any] | None = None, finished: bool | None = None) -> list[Any]:
         """The live doctor's findings on the state so far (:class:`LiveDiagnosis`); ``meta``
         defaults to :attr:`meta`, ``finished`` to whether ``meta`` has an end time. Empty
         without a live doctor. Takes :attr:`lock` (another thread may be reading too)."""
