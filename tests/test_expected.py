@@ -86,3 +86,17 @@ def test_summary_and_doctor_expect_name_the_misspelt_key(tmp_path):
                                       "did_you_mean": "max_num_batched_tokens"}]
     assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 2048)
     assert f.remedy.whatif == {"max_num_batched_tokens": 2048}
+
+
+def test_run_names_a_misspelt_engine_argument_before_it_starts(tmp_path):
+    import sys
+
+    from tests.conftest import run_cli
+
+    f = tmp_path / "config.toml"
+    f.write_text("[scheduler]\nmax_num_batched_token = 2048\nmax_num_seqs = 8\n")
+    r = run_cli("run", "--settings", str(f), "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass")
+    assert r.returncode == 0
+    assert (f"vllm-probe: {f}: max_num_batched_token is not an engine argument of vLLM (did you mean "
+            "max_num_batched_tokens?); the run goes on without it") in r.stderr
+    assert "max_num_seqs is not" not in r.stderr

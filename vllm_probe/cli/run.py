@@ -43,6 +43,15 @@ def main(args: argparse.Namespace) -> int:
     if settings.source is not None and settings.empty:
         print(f"vllm-probe: {settings.source}: no settings in it (every line a comment or blank): the probe's "
               f"defaults apply, and nothing is checked against the run", file=sys.stderr)
+    if settings.expected is not None:  # a misspelt engine argument: vLLM will never see it (issue 17 item 7)
+        from ..analysis.expected import ENGINE_ARG_FIELDS, closest_engine_arg, engine_arg_names
+
+        for name in settings.expected.engine:
+            if name not in ENGINE_ARG_FIELDS and name not in engine_arg_names():
+                near = closest_engine_arg(name)
+                print(f"vllm-probe: {settings.source}: {name} is not an engine argument of vLLM"
+                      + (f" (did you mean {near}?)" if near else "") + "; the run goes on without it",
+                      file=sys.stderr)
     if settings.ignored:
         print(f"vllm-probe: {settings.source}: section{'s' if len(settings.ignored) > 1 else ''} "
               f"{', '.join(settings.ignored)} left alone (not the probe's)", file=sys.stderr)
