@@ -1,7 +1,10 @@
 """Hand-made event streams for the export, summary and Perfetto tests.
 
 Events are built with the probe's field names (docs/events.md) and written as the sink
-writes them (one JSON object per line, ``events-<pid>.jsonl``). Two scenarios with
+writes them (one JSON object per line, ``events-<pid>.jsonl``). What is fed to the
+analysis is records (:mod:`vllm_probe.schema.records`), as the reader yields them:
+:attr:`Stream.records`, or :func:`records` of a list of event objects; the state, the
+summary and the Perfetto builder take nothing else. Two scenarios with
 figures worked out by hand:
 
 * :func:`scenario_chunked` — one 5,000-token prompt cut 2,048 / 2,048 / 904 by a 2,048
@@ -16,6 +19,25 @@ import json
 from pathlib import Path
 
 import msgspec
+
+
+def records(events) -> list:
+    """The records of event objects, each decoded from its JSON line by the reader's
+    decoder (``vllm_probe.schema.records.decode``: the same types and checks as a file);
+    records pass through; a line the reader would skip (wrong type, unknown kind) is left
+    out, as the reader leaves it out."""
+    from vllm_probe.runs.reader import ReadStats, parse_line
+
+    out = []
+    stats = ReadStats()
+    for ev in events:
+        if type(ev) is not dict:
+            out.append(ev)
+            continue
+        rec = parse_line(json.dumps(ev), stats)
+        if rec is not None:
+            out.append(rec)
+    return out
 
 
 def as_dict(rec) -> dict:
@@ -81,6 +103,11 @@ class Stream:
 
     def lines(self) -> list[str]:
         return [json.dumps(ev) + "\n" for ev in self.events]
+
+    @property
+    def records(self) -> list:
+        """The stream as the reader yields it: one record per event (:func:`records`)."""
+        return records(self.events)
 
     def write(self, run_dir: Path, extra_lines: list[str] | None = None, tail: str = "") -> Path:
         """Write ``events-<pid>.jsonl`` (plus ``extra_lines`` and an unterminated ``tail``)."""

@@ -208,7 +208,11 @@ def _error_line(err: msgspec.ValidationError, data: Any, source: str) -> str:
 
 
 def _parse_text(text: str, path: Path) -> Any:
+    """A settings file's text decoded by its suffix; a file of only whitespace is None
+    (the defaults) in every format, as a comment-only YAML or TOML file already is."""
     suffix = path.suffix.lower()
+    if not text.strip():
+        return None
     try:
         if suffix in (".yaml", ".yml"):
             return yaml.safe_load(text)
@@ -243,17 +247,45 @@ def parse_settings(data: Any, source: str) -> Settings:
         parsed = msgspec.convert(data, _SettingsFile)
     except msgspec.ValidationError as e:
         raise SettingsError(_error_line(e, data, source)) from None
-    expected = Expected(source, _engine_args(data.get("scheduler") or {}), data.get("model"), data.get("sampling"))
+    expected = Expected(source, _engine_args(data.get("scheduler") or {}, source, "scheduler."), data.get("model"),
+                        data.get("sampling"))
     ignored = tuple(str(k) for k in data if k not in PROBE_SECTIONS + EXPECTED_SECTIONS)
     return Settings(flags=parsed.scheduler_probe, model=data.get("model"), sampling=data.get("sampling"),
                     source=source, expected=None if expected.is_empty() else expected, ignored=ignored)
 
 
-def _engine_args(mapping: dict) -> dict[str, Any]:
+#: The JSON type of each engine argument that ``engine_config`` records, as vLLM 0.32's
+#: ``EngineArgs`` annotates it (``vllm/engine/arg_utils.py``: ``max_num_batched_tokens:
+#: int | None``, ``gpu_memory_utilization: float``, ``scheduling_policy: SchedulerPolicy``,
+#: a literal string …). A value of another type in a user's file is refused
+#: (:class:`SettingsError`): ``"8k"`` is not a token budget vLLM would accept.
+ENGINE_ARG_TYPES: dict[str, tuple[type, ...]] = {
+    "max_num_batched_tokens": (int,), "max_num_seqs": (int,), "long_prefill_token_threshold": (int,),
+    "num_gpu_blocks_override": (int,), "max_model_len": (int,), "block_size": (int,),
+    "data_parallel_size": (int,), "gpu_memory_utilization": (float, int), "enable_chunked_prefill": (bool,),
+    "async_scheduling": (bool,), "enable_prefix_caching": (bool,), "scheduling_policy": (str,),
+}
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true/false", str: "a string"}
+
+
+def _engine_args(mapping: dict, source: str = "settings", section: str = "") -> dict[str, Any]:
     """Engine arguments by their Python names: ``max-num-seqs`` reads ``max_num_seqs``;
-    nested values (not engine arguments of the scheduler) are left out."""
-    return {str(k).replace("-", "_"): v for k, v in mapping.items()
-            if isinstance(v, (bool, int, float, str)) or v is None}
+    nested values (not engine arguments of the scheduler) are left out; null is kept.
+
+    Raises:
+        SettingsError: a recorded argument (:data:`ENGINE_ARG_TYPES`) has a value of the
+            wrong type (``max_num_batched_tokens = "8k"``; true/false is not an integer).
+    """
+    out = {str(k).replace("-", "_"): v for k, v in mapping.items()
+           if isinstance(v, (bool, int, float, str)) or v is None}
+    for name, value in out.items():
+        want = ENGINE_ARG_TYPES.get(name)
+        if value is None or want is None:
+            continue
+        if isinstance(value, bool) != (bool in want) or not isinstance(value, want):
+            raise SettingsError(f"{source}: {section}{name}: expected {_TYPE_WORDS[want[0]]} (vLLM's engine argument), "
+                                f"got {_shown(value)}")
+    return out
 
 
 def load_expected(path: str | Path) -> Expected:
@@ -269,13 +301,15 @@ def load_expected(path: str | Path) -> Expected:
     """
     p = Path(path)
     data = _parse_text(_read(p), p)
+    if data is None:  # an empty file: nothing expected
+        return Expected(str(p))
     if not isinstance(data, dict):
         raise SettingsError(f"{p}: the top level must be an object, got {type(data).__name__}")
     if any(isinstance(data.get(k), dict) for k in ("scheduler_probe", "scheduler", "sampling")):
         settings = parse_settings(data, str(p))
         return settings.expected or Expected(str(p))
     model = data.get("model")
-    return Expected(str(p), {k: v for k, v in _engine_args(data).items() if k != "model"},
+    return Expected(str(p), {k: v for k, v in _engine_args(data, str(p)).items() if k != "model"},
                     model if isinstance(model, str) else None)
 
 
@@ -298,7 +332,7 @@ def load_settings(path: str | Path | None) -> Settings:
 
 def _read(p: Path) -> str:
     try:
-        return p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8-sig")  # a BOM (Windows editors write one) is not part of the text
     except FileNotFoundError:
         raise SettingsError(f"{p}: settings file not found") from None
     except (OSError, UnicodeDecodeError) as e:

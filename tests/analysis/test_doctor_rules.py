@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._events import Stream
+from tests._events import Stream, records
 from vllm_probe.analysis.doctor import CRITICAL, INFO, WARNING, Expectation, diagnose, rules
 from vllm_probe.analysis.episodes import Episodes, notable_moments
 from vllm_probe.analysis.state import RunState
@@ -51,7 +51,7 @@ class Run:
 
     def analyze(self, expected=None, live: bool = False):
         ep = Episodes()
-        state = RunState(listener=ep).apply_all(self.s.events)
+        state = RunState(listener=ep).apply_all(records(self.s.events))
         return state, ep, diagnose(state, ep, expected, live)
 
     def findings(self, **kw) -> dict[str, object]:

@@ -3,7 +3,7 @@ per timeline span, the summary's shares, the ``--plain`` line and the step panel
 
 from __future__ import annotations
 
-from tests._events import Stream
+from tests._events import Stream, records
 from tests.tui.test_dashboard import render, squash
 from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.summary import summarize_events
@@ -27,7 +27,7 @@ def stream(engine: int = 0) -> Stream:
 
 
 def test_counts_per_engine_and_per_span():
-    state = RunState().apply_all(stream(0).events + stream(1).events)
+    state = RunState().apply_all(records(stream(0).events + stream(1).events))
     for eng in state.engines.values():
         # steps without the field are not counted; an unknown value counts as "other"
         assert eng.head_blocked_counts == {"token_budget": 2, "kv_cache": 3, "preemption": 1, "deferred": 1,
@@ -43,12 +43,12 @@ def test_spans_merge_their_counts():
     s.config(100.0, budget=8, max_num_seqs=4)
     for i, reason in enumerate(("kv_cache", "kv_cache", "token_budget")):
         s.step(101.0 + i, i, 8, prefill=4, running=1, waiting=1)["head_blocked_by"] = reason
-    tl = RunState(timeline_spans=2).apply_all(s.events).engines[0].timeline
+    tl = RunState(timeline_spans=2).apply_all(records(s.events)).engines[0].timeline
     assert tl.width == 2 and [sp.head_blocked for sp in tl] == [{"kv_cache": 2}, {"token_budget": 1}]
 
 
 def test_summary_shares_over_the_steps_that_carried_it():
-    s = summarize_events(stream(0).events)
+    s = summarize_events(records(stream(0).events))
     assert s.head_blocked_steps == 8
     assert s.head_blocked_by == {"kv_cache": 3 / 8, "token_budget": 2 / 8, "preemption": 1 / 8, "deferred": 1 / 8,
                                  "other": 1 / 8}
@@ -70,5 +70,5 @@ def test_plain_line_names_the_reason_and_never_prints_an_unknown_one():
 
 
 def test_step_panel_shows_it():
-    state = RunState().apply_all(stream(0).events[:5])  # config + steps 0..3: the latest is kv_cache
+    state = RunState().apply_all(records(stream(0).events[:5]))  # config + steps 0..3: the latest is kv_cache
     assert "10 free blocks = 1,280 tok · head waits on KV cache · held back" in squash(render(state, now=105.0))

@@ -12,7 +12,7 @@ import re
 import pytest
 from rich.console import Console
 
-from tests._events import Stream, scenario_preempt
+from tests._events import Stream, scenario_preempt, records
 from tests.conftest import QUICK_WORKLOAD, requires_vllm, run_cli
 from vllm_probe.analysis.expected import DIFFERS, MATCHES, NOT_RECORDED
 from vllm_probe.analysis.state import RunState
@@ -62,7 +62,7 @@ def prefix_stream() -> Stream:
 
 
 def test_prefix_hits_on_first_passes_and_re_admissions():
-    pc = summarize_events(prefix_stream().events).prefix_cache
+    pc = summarize_events(records(prefix_stream().events)).prefix_cache
     assert pc.enabled is True
     assert (pc.hit_tokens, pc.prompt_tokens, pc.first_passes, pc.requests_with_hits) == (128 + 256, 600, 2, 2)
     assert pc.hit_share == approx(384 / 600)
@@ -86,7 +86,7 @@ def test_plain_step_lines_say_the_prefix_hits_of_their_step():
 
 
 def test_queue_distributions_and_preemptions_per_step():
-    s = summarize_events(scenario_preempt().events)
+    s = summarize_events(records(scenario_preempt().events))
     # running after steps 0..8: 1 2 2 2 2 1 1 1 0; waiting: 2 1 1 1 0 1 0 0 0
     r, w = s.queues.running, s.queues.waiting
     assert (r.n, r.median, r.p90, r.max) == (9, 1, 2, 2)
@@ -100,7 +100,7 @@ def test_queue_distributions_and_preemptions_per_step():
     cascade.step(0.2, 1, 100, decode=2, running=2, waiting=3, preempted=["a", "b", "c"])
     cascade.step(0.3, 2, 100, decode=1, running=1, waiting=4, preempted=["d"])
     cascade.step(0.4, 3, 100, decode=0, running=0, waiting=6, preempted=["e", "f"])
-    p = summarize_events(cascade.events).preemptions
+    p = summarize_events(records(cascade.events)).preemptions
     assert (p.max_per_step, p.steps_with_preemptions, p.steps_with_several) == (3, 3, 2)
 
 
@@ -110,7 +110,7 @@ def test_queue_distributions_and_preemptions_per_step():
 def test_end_to_end_latency_and_prompt_length_classes():
     # scenario_preempt, all arriving at t: A (150 tokens) queue 0.095, TTFT 0.3 s / 2 steps,
     # finished t+0.45; B (80) 0.195, 0.4 / 3, t+0.85; C (50) 0.395, 0.5 / 4, t+0.65
-    s = summarize_events(scenario_preempt().events)
+    s = summarize_events(records(scenario_preempt().events))
     assert (s.latency.e2e_s.median, s.latency.e2e_s.max) == (approx(0.65), approx(0.85))
     lc = s.latency_classes
     assert (lc.by, lc.boundaries, lc.basis) == ("prompt_len", [25, 100], "token budget")  # budget 100
@@ -125,7 +125,7 @@ def test_end_to_end_latency_and_prompt_length_classes():
     assert (long.queue_s.median, long.ttft_s.median, long.ttft_steps.median, long.e2e_s.median) == \
         (approx(0.095), approx(0.3), 2, approx(0.45))
     # given boundaries; a prompt of exactly a boundary's length is in the class below it
-    lc = summarize_events(scenario_preempt().events, boundaries=[80]).latency_classes
+    lc = summarize_events(records(scenario_preempt().events), boundaries=[80]).latency_classes
     assert lc.basis == "given" and [c.name for c in lc.classes] == ["1", "2"]
     assert [c.n for c in lc.classes] == [2, 1]  # B (80) and C (50) | A (150)
     assert s.latency_by_priority == []  # one priority: no split
@@ -136,7 +136,7 @@ def test_latency_by_priority_where_it_varies():
     for ev in s.events:
         if ev["event"] == "request_added":
             ev["priority"] = {"A": 1, "B": 0, "C": 1}[ev["req_id"]]
-    sm = summarize_events(s.events)
+    sm = summarize_events(records(s.events))
     assert sm.requests_by_priority == {0: 1, 1: 2}
     p0, p1 = sm.latency_by_priority
     assert (p0.name, p0.n, p0.ttft_s.median) == ("priority 0", 1, approx(0.4))
@@ -147,7 +147,7 @@ def test_latency_by_priority_where_it_varies():
 
 
 def test_summary_view_shows_the_new_figures():
-    text = flat(render(summarize_events(scenario_preempt().events)))
+    text = flat(render(summarize_events(records(scenario_preempt().events))))
     assert "running med·p90·max 1 · 2 · 2" in text and "running max / max_num_seqs 2 / 2 (100%)" in text
     assert "waiting med·p90·max 1 · 1.20 · 2" in text
     assert "per step max · steps with >1 1 · 0 of 2" in text
@@ -155,7 +155,7 @@ def test_summary_view_shows_the_new_figures():
     assert "Latency by prompt length (split at 25 and 100 tokens: budget/4 and the token budget)" in text
     assert "medium 26–100 2 295 ms 450 ms" in text and "long >100 1 95 ms 300 ms" in text
     assert "prefix caching off: every prompt token computed" in text
-    text = flat(render(summarize_events(prefix_stream().events)))
+    text = flat(render(summarize_events(records(prefix_stream().events))))
     assert "hits on first passes 384 of 600 prompt tok (64%)" in text
     assert "hits on 1 re-admissions 256 of 301 tok to recompute (85%)" in text
 
@@ -174,7 +174,7 @@ def test_summary_cli_by_prompt_len(tmp_path):
 
 
 def test_summary_json_keeps_its_keys_and_adds():
-    data = summarize_events(scenario_preempt().events).to_dict()
+    data = summarize_events(records(scenario_preempt().events)).to_dict()
     for key in ("run_dir", "command", "read", "engines", "config", "steps", "duration_s", "requests_finished",
                 "tokens_per_step", "budget_use", "preemptions", "chunking", "latency", "bound_by", "bound_most"):
         assert key in data
@@ -207,7 +207,7 @@ def test_expected_settings_against_the_run(tmp_path):
     assert "Settings file settings.json vs this run: 3 differ" in text
     assert "max_num_batched_tokens 8,192 100 differs the command line or the script wins over a config file" in text
     assert "sampling.temperature 0.80 0 differs 3 requests" in text
-    assert summarize_events(scenario_preempt().events).expected is None  # no settings file: no section
+    assert summarize_events(records(scenario_preempt().events)).expected is None  # no settings file: no section
 
 
 # -- a real prefix-caching run with preemptions --------------------------------------------------

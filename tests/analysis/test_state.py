@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests._events import records
 from vllm_probe.analysis.state import DECODE, FINISHED, PREEMPTED, PREFILL, RunState
 
 BUDGET = 8
@@ -98,7 +99,7 @@ def finished_by_id(state: RunState) -> dict:
 
 
 def test_queue_time_and_ttft_in_seconds_and_steps():
-    state = RunState().apply_all(hand_stream())
+    state = RunState().apply_all(records(hand_stream()))
     reqs = finished_by_id(state)
     a, b = reqs["A"], reqs["B"]
     # queue: arrival -> first chunk; A arrived at 99.9 (front end), B at 100.0
@@ -115,7 +116,7 @@ def test_queue_time_and_ttft_in_seconds_and_steps():
 
 
 def test_chunks_preemption_and_recompute_per_request():
-    reqs = finished_by_id(RunState().apply_all(hand_stream()))
+    reqs = finished_by_id(RunState().apply_all(records(hand_stream())))
     a, b = reqs["A"], reqs["B"]
     assert (a.chunks, a.first_pass_chunks, a.passes, a.preemptions) == (2, 2, 1, 0)
     assert (b.chunks, b.first_pass_chunks, b.passes, b.preemptions) == (2, 1, 2, 1)
@@ -128,7 +129,7 @@ def test_chunks_preemption_and_recompute_per_request():
 
 
 def test_engine_totals():
-    state = RunState().apply_all(hand_stream())
+    state = RunState().apply_all(records(hand_stream()))
     eng = state.engines[0]
     assert eng.steps == 8 and eng.last_step == 7
     assert eng.scheduled_tokens == 8 + 6 + 2 + 1 + 6 + 1 + 1 + 0
@@ -143,7 +144,7 @@ def test_engine_totals():
 
 
 def test_mid_run_prefill_in_flight():
-    state = RunState().apply_all(upto(hand_stream(), "step", 0))
+    state = RunState().apply_all(records(upto(hand_stream(), "step", 0)))
     eng = state.engines[0]
     (a,) = eng.prefills_in_flight()
     assert a.req_id == "A" and a.phase == PREFILL
@@ -153,7 +154,7 @@ def test_mid_run_prefill_in_flight():
 
 
 def test_preempted_request_between_preemption_and_resume():
-    state = RunState().apply_all(upto(hand_stream(), "step", 3))
+    state = RunState().apply_all(records(upto(hand_stream(), "step", 3)))
     b = state.engines[0].requests["B"]
     assert b.phase == PREEMPTED and b.computed == 0
     assert b.waiting_since_ts == pytest.approx(100.399) and b.last_preempt_step == 3
@@ -163,7 +164,7 @@ def test_preempted_request_between_preemption_and_resume():
 
 
 def test_decode_estimates_after_the_recompute_pass():
-    state = RunState().apply_all(upto(hand_stream(), "step", 5))
+    state = RunState().apply_all(records(upto(hand_stream(), "step", 5)))
     b = state.engines[0].requests["B"]
     assert b.phase == DECODE and b.pass_end_step == 4
     # the pass [0, 6) re-prefilled prompt (4) + 2 outputs and sampled the 3rd; step 5 the 4th
@@ -171,12 +172,12 @@ def test_decode_estimates_after_the_recompute_pass():
     assert b.estimated_computed_tokens(5) == 7
     assert b.estimated_output_tokens(50) == 5  # capped at max_tokens
     # A, before it finished: 1 token after step 1, +1 per step
-    a_state = RunState().apply_all(upto(hand_stream(), "step", 2)).engines[0].requests["A"]
+    a_state = RunState().apply_all(records(upto(hand_stream(), "step", 2))).engines[0].requests["A"]
     assert a_state.estimated_output_tokens(2) == 2 and a_state.estimated_computed_tokens(2) == 11
 
 
 def test_window_stats():
-    eng = RunState().apply_all(hand_stream()).engines[0]
+    eng = RunState().apply_all(records(hand_stream())).engines[0]
     ws = eng.window_stats()
     assert ws.steps == 8 and (ws.first_step, ws.last_step) == (0, 7)
     assert ws.span_s == pytest.approx(0.7)
@@ -193,7 +194,7 @@ def test_memory_is_bounded_by_the_windows():
     state = RunState(step_window=3, finished_keep=1)
     seen = []
     state.on_request_finished = seen.append
-    state.apply_all(hand_stream())
+    state.apply_all(records(hand_stream()))
     eng = state.engines[0]
     assert [r.step for r in eng.window] == [5, 6, 7]
     assert [r.req_id for r in eng.finished] == ["B"]
@@ -202,7 +203,7 @@ def test_memory_is_bounded_by_the_windows():
 
 def test_engines_are_kept_apart_and_unknown_kinds_ignored():
     stream = hand_stream(0) + hand_stream(1) + [{"event": "mystery", "ts": 101.0, "engine": 0}]
-    state = RunState().apply_all(sorted(stream, key=lambda ev: ev["ts"]))
+    state = RunState().apply_all(records(sorted(stream, key=lambda ev: ev["ts"])))
     assert state.engine_ids() == [0, 1]
     assert state.engines[0].preemptions == state.engines[1].preemptions == 1
     assert state.total("preemptions") == 2 and state.total("recomputed_tokens") == 12
@@ -213,7 +214,7 @@ def test_probe_stats_count_the_last_line_per_file():
     stats = [{"event": "probe_stats", "ts": 101.0 + i, "pid": pid, "engine": 0, "events_written": 10,
               "events_dropped": dropped, "hook_errors": {}, "hooks_disabled": disabled}
              for i, (pid, dropped, disabled) in enumerate([(1, 3, []), (1, 5, ["chunk"]), (2, 7, [])])]
-    eng = RunState().apply_all(hand_stream() + stats).engines[0]
+    eng = RunState().apply_all(records(hand_stream() + stats)).engines[0]
     assert eng.events_dropped == 5 + 7  # pid 1: its last (cumulative) line; pid 2: 7
     assert eng.hooks_disabled == ["chunk"]
 
@@ -224,14 +225,14 @@ def test_requests_finish_from_step_ids_when_request_events_are_off():
 
     st = RunState()
     common = {"pid": 1, "engine": 0, "schema": 1}
-    st.apply({"event": "chunk", "ts": 1.0, "step": 0, "req_id": "a", "chunk_index": 0, "start": 0,
+    st.apply(*records([{"event": "chunk", "ts": 1.0, "step": 0, "req_id": "a", "chunk_index": 0, "start": 0,
               "end": 10, "prompt_len": 10, "prefill_len": 10, "last": True, "resumed": False,
-              "prefix_hit_tokens": 0, **common})
-    st.apply({"event": "step", "ts": 1.0, "step": 0, "scheduled_tokens": 10, "token_budget": 64,
-              "running": 1, "waiting": 0, "preempted": [], "finished": [], **common})
+              "prefix_hit_tokens": 0, **common}]))
+    st.apply(*records([{"event": "step", "ts": 1.0, "step": 0, "scheduled_tokens": 10, "token_budget": 64,
+              "running": 1, "waiting": 0, "preempted": [], "finished": [], **common}]))
     assert "a" in st.engines[0].requests
-    st.apply({"event": "step", "ts": 2.0, "step": 1, "scheduled_tokens": 0, "token_budget": 64,
-              "running": 0, "waiting": 0, "preempted": [], "finished": ["a"], **common})
+    st.apply(*records([{"event": "step", "ts": 2.0, "step": 1, "scheduled_tokens": 0, "token_budget": 64,
+              "running": 0, "waiting": 0, "preempted": [], "finished": ["a"], **common}]))
     eng = st.engines[0]
     assert eng.requests == {} and eng.requests_finished == 1
     (req,) = eng.finished
@@ -247,7 +248,7 @@ def test_bucketed_timings_and_preemptions_by_reason():
     """
     from vllm_probe.analysis.figures import LATENCY_S_BOUNDS, SCHEDULE_S_BOUNDS
 
-    eng = RunState().apply_all(hand_stream()).engines[0]
+    eng = RunState().apply_all(records(hand_stream())).engines[0]
     sched = dict(zip(SCHEDULE_S_BOUNDS + (float("inf"),), eng.schedule_s.counts))
     assert sched[1e-4] == 1 and sched[2.5e-4] == 7 and eng.schedule_s.count == 8  # 100 µs <= 1e-4 s
     assert eng.schedule_s.sum == pytest.approx(sum(100 + s for s in range(8)) * 1e-6)
@@ -270,6 +271,6 @@ def test_unknown_preemption_reasons_are_counted_as_other():
     for ev in odd:
         if ev["reason"] is None:
             del ev["reason"]
-    eng = RunState().apply_all(stream + odd).engines[0]
+    eng = RunState().apply_all(records(stream + odd)).engines[0]
     assert eng.preemptions_by_reason == {"kv_cache": 1, "reset": 1, "other": 2}
     assert eng.discarded_by_reason == {"kv_cache": 5, "reset": 30, "other": 10 + 20}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests._events import Stream, scenario_chunked, scenario_preempt
+from tests._events import Stream, scenario_chunked, scenario_preempt, records
 from tests.conftest import ROOT, requires_vllm
 from tests._events import as_dict
 from vllm_probe.analysis.figures import Distribution, quantile, quantile_from_counts
@@ -44,7 +44,7 @@ def test_quantiles_interpolate_linearly():
 
 
 def test_chunked_prompt_figures_by_hand():
-    s = summarize_events(scenario_chunked().events)
+    s = summarize_events(records(scenario_chunked().events))
     assert s.steps == 7
     assert s.duration_s == approx(0.601)  # step 0's start (t+0.300) → step 6 (t+0.901)
     assert (s.requests_added, s.requests_finished, s.requests_unfinished) == (1, 1, 0)
@@ -83,7 +83,7 @@ def test_chunked_prompt_figures_by_hand():
 
 
 def test_preemption_and_latency_figures_by_hand():
-    s = summarize_events(scenario_preempt().events)
+    s = summarize_events(records(scenario_preempt().events))
     assert s.steps == 9
     assert s.duration_s == approx(0.801)
     p = s.preemptions
@@ -127,7 +127,7 @@ def test_request_cut_short_by_a_preemption_counts_its_completing_pass():
     s.step(0.4, 2, 1024, prefill=1021, running=1, waiting=0)
     s.chunk(0.49, 3, "X", 1, 1021, 1536, 1536, resumed=True, last=True)
     s.step(0.5, 3, 1024, prefill=515, running=1, waiting=0)
-    sm = summarize_events(s.events)
+    sm = summarize_events(records(s.events))
     assert sm.chunking.prompts == 1 and sm.chunking.chunks_per_prompt.max == 2  # the resumed pass
     assert sm.chunking.reread_kv_tokens == 1021
     assert sm.preemptions.recomputed_tokens == 1536 and sm.preemptions.discarded_tokens == 1014
@@ -151,7 +151,7 @@ def test_two_engine_cores_with_interleaved_timestamps(tmp_path):
 
 
 def test_bad_lines_are_counted_and_do_not_change_the_figures(tmp_path):
-    clean = summarize_events(scenario_chunked().events)
+    clean = summarize_events(records(scenario_chunked().events))
     s = scenario_chunked()
     newer = json.dumps({"event": "probe_stats", "ts": 101.5, "pid": 4242, "engine": 0, "schema": 99,
                         "events_written": 0, "events_dropped": 0, "hook_errors": {}, "hooks_disabled": []})
@@ -202,8 +202,8 @@ def test_summary_of_a_real_run_agrees_with_its_events(quick_run):
     stats = ReadStats()
     s = summarize(quick_run, stats)
     assert stats.events == len(evs) and stats.skipped == 0  # every line the probe wrote validates typed
-    # the typed path (summary) and the dict path (dashboard, tests) agree on every figure
-    from_dicts = summarize_events(evs).to_dict()
+    # the file read by the reader and the same events as hand-made records (tests/_events.py) agree
+    from_dicts = summarize_events(records(evs)).to_dict()
     assert {k: v for k, v in s.to_dict().items() if k not in ("run_dir", "command", "read")} == \
         {k: v for k, v in from_dicts.items() if k not in ("run_dir", "command", "read")}
     steps = [e for e in evs if e["event"] == "step"]
@@ -226,7 +226,7 @@ def test_probe_losses_use_the_last_probe_stats_line_of_each_file():
     s.probe_stats(101.5, dropped=3)  # cumulative: the file's last line is final
     s.events[-1]["hook_errors"] = {"chunk": 2, "step": 0}
     s.events[-1]["hooks_disabled"] = ["chunk"]
-    sm = summarize_events(s.events)
+    sm = summarize_events(records(s.events))
     assert (sm.probe_dropped_events, sm.probe_hook_errors, sm.probe_hooks_disabled) == (3, 2, ["chunk"])
 
 
@@ -236,10 +236,10 @@ def test_step_figures_are_unknown_without_step_events():
     from tests._events import scenario_preempt
 
     events = [e for e in scenario_preempt().events if e["event"] != "step"]
-    s = summarize_events(events)
+    s = summarize_events(records(events))
     assert s.steps == 0 and s.preemptions.count == 2
     assert (s.scheduled_tokens, s.prefill_tokens, s.decode_tokens, s.prefill_share) == (None, None, None, None)
     p = s.preemptions
     assert (p.max_per_step, p.steps_with_several, p.steps_with_preemptions) == (None, None, None)
-    with_steps = summarize_events(scenario_preempt().events)
+    with_steps = summarize_events(records(scenario_preempt().events))
     assert with_steps.prefill_tokens > 0 and with_steps.preemptions.max_per_step == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests._events import Stream
+from tests._events import Stream, records
 from tests.analysis.test_state import hand_stream
 from vllm_probe.analysis.state import RunState
 from vllm_probe.analysis.timeline import Timeline
@@ -18,7 +18,7 @@ def timeline_of(steps: list[dict], max_spans: int = 4) -> Timeline:
     for step, st in enumerate(steps):
         s.step(100.0 + step, step, 8, prefill=st.get("scheduled", 4), running=1, waiting=st.get("waiting", 0),
                kv=st.get("kv", 0.5), preempted=[f"p{i}" for i in range(st.get("preempted", 0))])
-    return RunState(timeline_spans=max_spans).apply_all(s.events).engines[0].timeline
+    return RunState(timeline_spans=max_spans).apply_all(records(s.events)).engines[0].timeline
 
 
 def test_spans_double_in_width_and_keep_every_step():
@@ -44,7 +44,7 @@ def test_spans_double_in_width_and_keep_every_step():
 
 
 def test_the_state_keeps_a_timeline_of_every_step():
-    eng = RunState(step_window=3).apply_all(hand_stream()).engines[0]
+    eng = RunState(step_window=3).apply_all(records(hand_stream())).engines[0]
     assert len(eng.window) == 3  # the rolling window forgets; the timeline does not
     spans = list(eng.timeline)
     assert [(s.first_step, s.last_step) for s in spans] == [(i, i) for i in range(8)]

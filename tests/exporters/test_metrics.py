@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests._events import scenario_chunked, scenario_preempt
+from tests._events import scenario_chunked, scenario_preempt, records
 from tests.conftest import ROOT, vllm_probe_cmd
 from vllm_probe.analysis.state import RunState
 from vllm_probe.exporters.prometheus import MetricsServer, RunStateCollector, model_name_of
@@ -63,7 +63,7 @@ class Series:
 
 
 def collect(events, **kw) -> Series:
-    return Series(scrape_text(RunStateCollector(RunState().apply_all(events), **kw)))
+    return Series(scrape_text(RunStateCollector(RunState().apply_all(records(events)), **kw)))
 
 
 # -- the collector on hand-made streams ---------------------------------------------------
@@ -130,7 +130,7 @@ def test_histograms_of_the_preemption_scenario_by_hand():
 
 def test_a_collector_scraped_while_the_state_grows_says_what_a_fresh_one_says():
     """The collector remembers where each (tokens, budget) pair falls between scrapes."""
-    a, b = scenario_preempt().events, scenario_chunked(engine=1, pid=9, t=300.0).events
+    a, b = scenario_preempt().records, scenario_chunked(engine=1, pid=9, t=300.0).records
     state = RunState()
     collector = RunStateCollector(state)
     for ev in a[:10] + b[:5]:
@@ -192,7 +192,10 @@ def test_no_request_id_in_any_label():
 @pytest.mark.parametrize("command, expected", [
     (["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct", "--port", "8000"], "Qwen/Qwen2.5-7B-Instruct"),
     (["/opt/venv/bin/vllm", "serve", "m", "--served-model-name", "chat", "chat-b"], "chat"),
-    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama"], "/models/llama"),
+    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/llama"], "llama"),
+    (["vllm", "serve", "/work/main/.venv/models/tiny-llama/"], "tiny-llama"),  # a local folder: never its path
+    (["vllm", "serve", "./tiny"], "tiny"),
+    (["vllm", "serve", "/models/llama", "--served-model-name", "/x/y"], "/x/y"),  # the user's own name, as given
     (["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/models/llama",
       "--served-model-name=llama"], "llama"),
     (["python", "examples/long_prompts.py", "--num-prompts", "8"], None),
@@ -226,7 +229,7 @@ def test_head_blocked_counts_are_the_steps_with_each_reason():
     r.step(running=1, waiting=1, blocked="token_budget")
     r.step(running=1, waiting=0)  # nothing waits: no reason
     r.step(running=1, waiting=1, blocked="a_reason_from_a_newer_probe")
-    m = Series(scrape_text(RunStateCollector(RunState().apply_all(r.s.events))))
+    m = Series(scrape_text(RunStateCollector(RunState().apply_all(records(r.s.events)))))
     got = {dict(lbl)["reason"]: v for (n, lbl), v in m.samples.items() if n == "vllm_probe_steps_by_head_blocked_total"}
     assert got == {"kv_cache": 3, "token_budget": 1, "max_num_seqs": 0, "preemption": 0, "prefill_limit": 0,
                    "deferred": 0, "other": 1}
@@ -242,7 +245,7 @@ def test_findings_are_one_series_each_while_they_hold():
         seen.append(state)
         return findings
 
-    state = RunState().apply_all(scenario_preempt().events)
+    state = RunState().apply_all(records(scenario_preempt().events))
     m = Series(scrape_text(RunStateCollector(state, findings=source)))
     assert seen == [state]
     got = {tuple(sorted(dict(lbl).items())): v for (n, lbl), v in m.samples.items() if n == "vllm_probe_finding"}
@@ -274,7 +277,7 @@ def test_the_server_serves_the_doctors_findings_on_what_it_followed(tmp_path):
 
 
 def test_every_metric_is_documented_and_every_documented_metric_exists():
-    state = RunState().apply_all(scenario_preempt().events)
+    state = RunState().apply_all(records(scenario_preempt().events))
     m = Series(scrape_text(RunStateCollector(state, stats=ReadStats(), incomplete_lines=lambda: 0,
                                              findings=lambda _s: [SimpleNamespace(id="x", severity="info")])))
     exposed = {name + "_total" if kind == "counter" else name + "_info" if kind == "info" else name
@@ -423,7 +426,7 @@ def test_sidecar_serves_a_finished_runs_totals_until_sigterm(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        e = {"engine": "0", "model_name": "/m/tiny"}
+        e = {"engine": "0", "model_name": "tiny"}  # the folder of --model /m/tiny, not its path
         m = wait_for(url, lambda m: ("vllm_probe_steps_total", frozenset(e.items())) in m.samples, timeout=30,
                      proc=proc)
         assert m("vllm_probe_steps_total", **e) == 9

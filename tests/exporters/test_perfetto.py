@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests._events import scenario_chunked, scenario_preempt
+from tests._events import scenario_chunked, scenario_preempt, records
 from tests.conftest import ROOT, requires_vllm
 from vllm_probe.exporters.perfetto import SCHED_TID, build_trace, export_perfetto
 from vllm_probe.runs.reader import ReadStats
@@ -71,7 +71,7 @@ def validate(doc: dict) -> list[dict]:
 
 def trace_of(events, **kw) -> dict:
     buf = io.BytesIO()
-    build_trace(events, buf, **kw)
+    build_trace(records(events), buf, **kw)
     return json.loads(buf.getvalue())
 
 

@@ -165,3 +165,80 @@ def test_a_file_of_comments_only_is_said_to_hold_nothing(tmp_path):
     assert r.returncode == 0
     assert f"vllm-probe: {f}: no settings in it (every line a comment or blank)" in r.stderr
     assert not load_settings(ROOT / "configs" / "config.toml").empty
+
+
+# -- issue 20 item 7: a BOM, an empty file; issue 17 item 7: a wrong type ------------------
+
+FLAGS_OFF = {".json": '{"scheduler_probe": {"log_schedule_each_step": false}}\n',
+             ".yaml": "scheduler_probe:\n  log_schedule_each_step: false\n",
+             ".toml": "[scheduler_probe]\nlog_schedule_each_step = false\n"}
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml", ".toml"])
+def test_a_utf8_bom_is_accepted_in_every_format(tmp_path, suffix):
+    p = tmp_path / f"settings{suffix}"
+    p.write_bytes(b"\xef\xbb\xbf" + FLAGS_OFF[suffix].encode())  # what Windows editors write
+    s = load_settings(p)
+    assert s.flags.log_schedule_each_step is False and s.flags.log_preempt_events is True and not s.empty
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml", ".toml"])
+@pytest.mark.parametrize("text", ["", "\n  \n", "\ufeff"])
+def test_an_empty_file_means_the_defaults_in_every_format(tmp_path, suffix, text):
+    from vllm_probe.settings import load_expected
+
+    p = tmp_path / f"settings{suffix}"
+    p.write_text(text, encoding="utf-8")
+    s = load_settings(p)
+    assert s.empty and s.flags == ProbeFlags() and s.expected is None
+    assert load_expected(p).is_empty()
+
+
+@pytest.mark.parametrize("name,text,fragment", [
+    ("config.toml", '[scheduler]\nmax_num_batched_tokens = "8k"\n',
+     'scheduler.max_num_batched_tokens: expected an integer (vLLM\'s engine argument), got "8k"'),
+    ("config.toml", "[scheduler]\nmax_num_seqs = true\n", "scheduler.max_num_seqs: expected an integer"),
+    ("config.toml", '[scheduler]\nenable_chunked_prefill = "yes"\n',
+     'scheduler.enable_chunked_prefill: expected true/false (vLLM\'s engine argument), got "yes"'),
+    ("args.yaml", "max-num-batched-tokens: 8k\n", 'max_num_batched_tokens: expected an integer (vLLM\'s engine '
+                                                    'argument), got "8k"'),
+])
+def test_an_engine_argument_of_the_wrong_type_is_refused(tmp_path, name, text, fragment):
+    from vllm_probe.settings import load_expected
+
+    p = write(tmp_path, name, text)
+    with pytest.raises(SettingsError) as e:
+        load_expected(p)
+    assert str(e.value).startswith(str(p)) and fragment in str(e.value) and "\n" not in str(e.value)
+    if name.endswith(".toml"):
+        with pytest.raises(SettingsError, match="expected"):
+            load_settings(p)
+
+
+def test_right_types_pass_an_int_is_a_number_and_unknown_names_are_not_type_checked(tmp_path):
+    from vllm_probe.settings import load_expected
+
+    p = write(tmp_path, "config.toml", "[scheduler]\ngpu_memory_utilization = 1\nmax_num_batched_token = \"2k\"\n"
+                                       "scheduling_policy = \"priority\"\n")
+    assert load_expected(p).engine == {"gpu_memory_utilization": 1, "max_num_batched_token": "2k",
+                                       "scheduling_policy": "priority"}
+
+
+def test_the_minimal_settings_file_says_what_it_does():
+    """Issue 20 item 7: it said "Same flags as settings.json" but turns step events off."""
+    text = (ROOT_CONFIGS / "settings.minimal.yaml").read_text()
+    assert "Same flags as settings.json" not in text
+    assert "turns per-step `step` events off" in text
+    assert load_settings(ROOT_CONFIGS / "settings.minimal.yaml").flags == ProbeFlags(log_schedule_each_step=False)
+    assert load_settings(ROOT_CONFIGS / "settings.json").flags == ProbeFlags()
+
+
+def test_the_license_is_an_spdx_expression_so_setuptools_prints_no_deprecation():
+    """Issue 20 item 7: ``license = { text = ... }`` made setuptools >= 77 print its
+    deprecation block during ``make demo``'s install; an SPDX string needs setuptools >= 77."""
+    import tomllib
+
+    project = tomllib.loads((ROOT_CONFIGS.parent / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert project["build-system"]["requires"] == ["setuptools>=77"]
+    assert not [c for c in project["project"].get("classifiers", []) if c.startswith("License ::")]

@@ -8,6 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
+from tests._events import records
 from tests.analysis.test_state import hand_stream, upto
 from vllm_probe.schema.records import from_dict
 from vllm_probe.tui.charts import bucket_steps, budget_bar, token_chart
@@ -32,7 +33,7 @@ def squash(text: str) -> str:
 
 
 def test_header_and_config_figures():
-    state = RunState().apply_all(hand_stream())
+    state = RunState().apply_all(records(hand_stream()))
     # stepping: step 0 starts at 100.1 - 100 µs, step 7 ends at 100.8
     assert state.stepping_s() == pytest.approx(100.8 - (100.1 - 100e-6))
     text = render(state, now=100.8)
@@ -46,7 +47,7 @@ def test_header_and_config_figures():
 
 
 def test_current_step_mid_prefill_and_prefills_in_flight():
-    text = render(RunState().apply_all(upto(hand_stream(), "step", 0)), now=100.1)
+    text = render(RunState().apply_all(records(upto(hand_stream(), "step", 0))), now=100.1)
     flat = squash(text)
     assert "step 0" in flat
     assert "8 prefill + 0 decode = 8 / 8 tok (100%)" in flat
@@ -56,13 +57,13 @@ def test_current_step_mid_prefill_and_prefills_in_flight():
     assert "prefills in flight: 1" in flat
     row = next(line for line in text.splitlines() if re.search(r"│\s+A\s+0 \[0, 8\)", line))
     assert "8/10" in row
-    stacked = render(RunState().apply_all(upto(hand_stream(), "step", 0)), width=100, height=None, now=100.1)
+    stacked = render(RunState().apply_all(records(upto(hand_stream(), "step", 0))), width=100, height=None, now=100.1)
     row = next(line for line in stacked.splitlines() if re.search(r"│\s+A\s+first\s+0 \[0, 8\)", line))
     assert "8/10" in row
 
 
 def test_preemption_panel_and_request_table():
-    state = RunState().apply_all(upto(hand_stream(), "step", 3))
+    state = RunState().apply_all(records(upto(hand_stream(), "step", 3)))
     text = render(state, now=100.4)
     flat = squash(text)
     assert "total 1" in flat and "discarded 5 tok" in flat
@@ -78,11 +79,11 @@ def test_preemption_panel_and_request_table():
 
 
 def test_finished_run_shows_final_totals():
-    state = RunState().apply_all(hand_stream())
+    state = RunState().apply_all(records(hand_stream()))
     meta = {**META, "end_time": 101.0, "exit_code": 0}
     flat = squash(render(state, meta=meta, view=View(status="finished · exit 0")))
     assert "finished · exit 0" in flat
-    assert "recomputed so far 6 tok" in flat
+    assert "recomputed 6 tok" in flat  # one figure, one name: the summary's "recomputed"
     assert "0 preempted · 0 prefill · 0 waiting · 0 decode · 2 finished" in flat
     assert re.search(r"B\s+done \(length\)\s+4\s+-\s+5\s+2\s+1\s+199 ms\s+300 ms\s+2", flat)
     assert "elapsed 3.00 s" in flat
@@ -90,10 +91,10 @@ def test_finished_run_shows_final_totals():
 
 def test_several_engines_get_a_row_each():
     stream = sorted(hand_stream(0) + hand_stream(1), key=lambda ev: ev["ts"])
-    text = render(RunState().apply_all(stream), now=100.8)
+    text = render(RunState().apply_all(records(stream)), now=100.8)
     assert "2 engine cores (data-parallel ranks)" in text
     assert "dp 0" in text and "dp 1" in text
-    only_one = render(RunState().apply_all(stream), now=100.8, view=View(engine=1))
+    only_one = render(RunState().apply_all(records(stream)), now=100.8, view=View(engine=1))
     assert "engine cores" not in only_one and "engine core 1" in only_one
 
 
@@ -101,7 +102,7 @@ def test_several_engines_get_a_row_each():
 @pytest.mark.parametrize("height", [3, 8, 15, 19, 20, 24, 30, 50])
 def test_never_taller_than_the_terminal(width, height):
     for cut in ("step 0", "step 3", "step 7"):
-        state = RunState().apply_all(upto(hand_stream(), "step", int(cut.split()[1])))
+        state = RunState().apply_all(records(upto(hand_stream(), "step", int(cut.split()[1]))))
         text = render(state, width=width, height=height, now=100.8)
         lines = text.rstrip("\n").split("\n")
         assert len(lines) <= height, (width, height, cut)
@@ -109,7 +110,7 @@ def test_never_taller_than_the_terminal(width, height):
 
 
 def test_small_terminal_says_so_and_keeps_key_figures():
-    text = render(RunState().apply_all(upto(hand_stream(), "step", 3)), width=60, height=15, now=100.4)
+    text = render(RunState().apply_all(records(upto(hand_stream(), "step", 3))), width=60, height=15, now=100.4)
     flat = squash(text)
     assert "terminal 60×15" in flat
     assert "step 3" in flat and "1/8 tok" in flat and "preempt 1" in flat
@@ -130,7 +131,7 @@ def test_bad_input_is_counted_and_shown(tmp_path):
     lines.insert(4, json.dumps([1, 2, 3]))
     (tmp_path / "events-1.jsonl").write_text("\n".join(lines) + "\n" + json.dumps(good[6])[:25])  # cut mid-line
     stats = ReadStats()
-    state = RunState().apply_all(iter_run(tmp_path, stats))
+    state = RunState().apply_all(records(iter_run(tmp_path, stats)))
     assert (stats.malformed, stats.unknown_kind, stats.partial, stats.events) == (2, 1, 1, 6)
     flat = squash(render(state, stats=stats, now=100.2))
     assert "4 lines skipped (2 malformed, 1 truncated, 1 unknown kind)" in flat
@@ -139,7 +140,7 @@ def test_bad_input_is_counted_and_shown(tmp_path):
     # live following: a line still being written is not an error until the run ends
     stats2 = ReadStats()
     follower = Follower(tmp_path, stats2)
-    state2 = RunState().apply_all(follower.poll())
+    state2 = RunState().apply_all(records(follower.poll()))
     assert follower.pending_partial() == 1 and stats2.partial == 0
     flat2 = squash(render(state2, stats=stats2, view=View(truncated=0), now=100.2))
     assert "3 lines skipped (2 malformed, 1 unknown kind)" in flat2
@@ -147,7 +148,7 @@ def test_bad_input_is_counted_and_shown(tmp_path):
 
 def test_event_missing_optional_fields_renders():
     ev = {"event": "step", "ts": 5.0, "engine": 0, "step": 3, "scheduled_tokens": 4, "token_budget": 0}
-    text = squash(render(RunState().apply_all([ev]), now=5.0))
+    text = squash(render(RunState().apply_all(records([ev])), now=5.0))
     assert "step 3" in text
 
 
@@ -186,7 +187,7 @@ def test_plain_lines():
 def test_probe_losses_are_shown():
     stats = [{"event": "probe_stats", "ts": 101.0, "pid": 1, "engine": 0, "events_written": 10,
               "events_dropped": 4, "hook_errors": {"chunk": 3}, "hooks_disabled": ["chunk"]}]
-    flat = squash(render(RunState().apply_all(hand_stream() + stats), now=101.0))
+    flat = squash(render(RunState().apply_all(records(hand_stream() + stats)), now=101.0))
     assert "the probe dropped 4 events" in flat
     assert "hooks switched off after errors: chunk" in flat
 
@@ -198,7 +199,7 @@ def test_priority_column_prefix_hits_and_longest_queues():
     for ev in events:
         if ev["event"] == "request_added":
             ev["priority"] = {"P": 2, "Q": 0}[ev["req_id"]]
-    text = render(RunState().apply_all(events), now=0.5)
+    text = render(RunState().apply_all(records(events)), now=0.5)
     flat = squash(text)
     # header: 384 of 600 first-pass prompt tokens hit; the longest queues of the run
     assert "prefix caching on (64% of prompt tok hit)" in flat
@@ -210,5 +211,5 @@ def test_priority_column_prefix_hits_and_longest_queues():
     row = next(line for line in text.splitlines() if re.search(r"│\s+P\s+decode", line))
     assert re.search(r"│\s+P\s+decode\s+2\s+300\s", row)
     # one priority only, policy fcfs: no column
-    plain = render(RunState().apply_all(prefix_stream().events), now=0.5)
+    plain = render(RunState().apply_all(records(prefix_stream().events)), now=0.5)
     assert not re.search(r"request\s+state\s+prio", plain)

@@ -8,6 +8,7 @@ import re
 
 from rich.console import Console
 
+from tests._events import records
 from tests.analysis.test_doctor_rules import Run
 from vllm_probe.analysis.doctor import diagnose
 from vllm_probe.analysis.episodes import Episodes, notable_moments
@@ -51,7 +52,7 @@ def _render(state, ep, finished: bool, width: int = 200, height: int = 60) -> st
 
 def test_a_finished_run_shows_an_early_preemption_and_an_early_prefill_block():
     ep = Episodes()
-    state = RunState(listener=ep).apply_all(long_run(late=55, every=8).s.events)
+    state = RunState(listener=ep).apply_all(records(long_run(late=55, every=8).s.events))
     moments = {(m.kind, m.first_step, m.last_step): m.text for m in notable_moments(state, ep)}
     assert moments[("prefill_block", 0, 3)] == "4 full-budget prefill steps while up to 1 waited: L 4,096 tok"
     assert moments[("preemptions", 8, 8)] == "1 preemption: A"
@@ -71,7 +72,7 @@ def test_the_overview_marks_every_preemption_column():
     from vllm_probe.tui.story import overview_panel
 
     ep = Episodes()
-    state = RunState(listener=ep).apply_all(long_run().s.events)
+    state = RunState(listener=ep).apply_all(records(long_run().s.events))
     console = Console(width=110, record=True, color_system=None)
     panel, _ = overview_panel([state.engines[0]], 110, 16)
     console.print(panel)

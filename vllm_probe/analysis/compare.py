@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .expected import DIFFERS
+from .paths import S, FigurePath
 from .summary import CONFIG_KEYS, Summary
 
 #: Figure clocks: decisions of the scheduler (repeatable) or seconds (noisy).
@@ -41,27 +42,31 @@ STEPS, WALL = "steps", "wall"
 @dataclass(frozen=True)
 class Figure:
     """One number of a summary: where it lives, how to show it, which way is better, and
-    its clock (:data:`STEPS` or :data:`WALL`)."""
+    its clock (:data:`STEPS` or :data:`WALL`).
+
+    ``path``: a typed path (:data:`vllm_probe.analysis.paths.S`, e.g.
+    ``S.latency.ttft_s.median``), checked against the Summary's types when the figure is
+    made; a dotted string is parsed and checked the same way. ``str(path)`` is what
+    ``compare --json`` writes.
+
+    Raises:
+        AttributeError, TypeError: the path names no figure of a Summary.
+    """
 
     section: str
     label: str
-    path: str  # dotted path into Summary, e.g. "latency.ttft_s.median"; list items by index
+    path: FigurePath
     unit: str = ""
     better: str | None = None  # "lower", "higher" or None (neither)
     clock: str = STEPS
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, FigurePath):
+            object.__setattr__(self, "path", FigurePath.parse(self.path))
+
     def get(self, s: Summary) -> Any:
-        obj: Any = s
-        for part in self.path.split("."):
-            if isinstance(obj, list):
-                obj = obj[int(part)] if part.isdigit() and int(part) < len(obj) else None
-            elif isinstance(obj, dict):
-                obj = obj.get(part)
-            else:
-                obj = getattr(obj, part, None)
-            if obj is None:
-                return None
-        return obj
+        """The figure of ``s`` (None where it is unknown)."""
+        return self.path.get(s)
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ GROUPS: tuple[Group, ...] = (
 GROUP_CLOCK = {g.name: g.clock for g in GROUPS}
 #: Step figures that are shares of a setting, not decisions: the same decisions under
 #: another token budget give another budget use (:func:`same_decisions` skips them).
-RELATIVE_TO_SETTINGS = ("budget_use.median", "budget_use.p90")
+RELATIVE_TO_SETTINGS = (str(S.budget_use.median), str(S.budget_use.p90))
 #: The step group each wall-clock group measures in seconds: when their verdicts are
 #: opposite, the step group's holds (the seconds moved with the machine).
 STEP_GROUP_OF = {"latency in seconds": "latency in steps", "run time": "steps"}
@@ -97,46 +102,46 @@ _F = Figure
 #: The figures ``compare`` lines up, in display order (per-class latency figures are
 #: added per comparison: :func:`figures_for`).
 FIGURES: tuple[Figure, ...] = (
-    _F("steps", "requests finished", "requests_finished", "requests"),
-    _F("steps", "steps", "steps", "steps", "lower"),
-    _F("steps", "tokens/step median", "tokens_per_step.median", "tokens", "higher"),
-    _F("steps", "tokens/step p90", "tokens_per_step.p90", "tokens", "higher"),
+    _F("steps", "requests finished", S.requests_finished, "requests"),
+    _F("steps", "steps", S.steps, "steps", "lower"),
+    _F("steps", "tokens/step median", S.tokens_per_step.median, "tokens", "higher"),
+    _F("steps", "tokens/step p90", S.tokens_per_step.p90, "tokens", "higher"),
     # budget use: no better direction, it falls when the budget itself grows (seed §4.4)
-    _F("steps", "budget use median", "budget_use.median", "%"),
-    _F("steps", "budget use p90", "budget_use.p90", "%"),
-    _F("steps", "prefill share", "prefill_share", "%"),
-    _F("preemptions", "preemptions", "preemptions.count", "", "lower"),
-    _F("preemptions", "requests preempted", "preemptions.requests", "requests", "lower"),
-    _F("preemptions", "most in one step", "preemptions.max_per_step", "", "lower"),
-    _F("preemptions", "steps with >1", "preemptions.steps_with_several", "steps", "lower"),
-    _F("preemptions", "discarded tokens", "preemptions.discarded_tokens", "tokens", "lower"),
-    _F("preemptions", "recomputed tokens", "preemptions.recomputed_tokens", "tokens", "lower"),
-    _F("chunking", "prompts chunked", "chunking.chunked_prompts", "prompts"),
-    _F("chunking", "chunks/prompt mean", "chunking.chunks_per_prompt.mean", "chunks", "lower"),
-    _F("chunking", "chunks/prompt max", "chunking.chunks_per_prompt.max", "chunks", "lower"),
-    _F("chunking", "KV tokens re-read", "chunking.reread_kv_tokens", "tokens", "lower"),
-    _F("prefix cache", "hit tokens (first pass)", "prefix_cache.hit_tokens", "tokens", "higher"),
-    _F("prefix cache", "hit share of prompt tokens", "prefix_cache.hit_share", "%", "higher"),
-    _F("prefix cache", "hit tokens on re-admission", "prefix_cache.resumed_hit_tokens", "tokens", "higher"),
-    _F("queues", "running median", "queues.running.median", "requests"),
-    _F("queues", "running max", "queues.running.max", "requests"),
-    _F("queues", "waiting median", "queues.waiting.median", "requests", "lower"),
-    _F("queues", "waiting max", "queues.waiting.max", "requests", "lower"),
-    _F("latency in steps", "TTFT median (steps)", "latency.ttft_steps.median", "steps", "lower"),
-    _F("latency in steps", "TTFT p90 (steps)", "latency.ttft_steps.p90", "steps", "lower"),
-    _F("latency in seconds", "queue time median", "latency.queue_s.median", "s", "lower", WALL),
-    _F("latency in seconds", "queue time p90", "latency.queue_s.p90", "s", "lower", WALL),
-    _F("latency in seconds", "TTFT median", "latency.ttft_s.median", "s", "lower", WALL),
-    _F("latency in seconds", "TTFT p90", "latency.ttft_s.p90", "s", "lower", WALL),
-    _F("latency in seconds", "TTFT max", "latency.ttft_s.max", "s", "lower", WALL),
-    _F("latency in seconds", "end-to-end median", "latency.e2e_s.median", "s", "lower", WALL),
-    _F("latency in seconds", "end-to-end p90", "latency.e2e_s.p90", "s", "lower", WALL),
-    _F("latency in seconds", "decode time median", "latency.decode_s.median", "s", "lower", WALL),
-    _F("latency in seconds", "inter-token median", "latency.itl_s.median", "s", "lower", WALL),
-    _F("run time", "duration", "duration_s", "s", "lower", WALL),
-    _F("run time", "output tokens/s", "output_tokens_per_s", "tok/s", "higher", WALL),
-    _F("run time", "schedule() mean", "schedule_us.mean", "µs", "lower", WALL),
-    _F("bound", "bound by", "bound_most", ""),
+    _F("steps", "budget use median", S.budget_use.median, "%"),
+    _F("steps", "budget use p90", S.budget_use.p90, "%"),
+    _F("steps", "prefill share", S.prefill_share, "%"),
+    _F("preemptions", "preemptions", S.preemptions.count, "", "lower"),
+    _F("preemptions", "requests preempted", S.preemptions.requests, "requests", "lower"),
+    _F("preemptions", "most in one step", S.preemptions.max_per_step, "", "lower"),
+    _F("preemptions", "steps with >1", S.preemptions.steps_with_several, "steps", "lower"),
+    _F("preemptions", "discarded tokens", S.preemptions.discarded_tokens, "tokens", "lower"),
+    _F("preemptions", "recomputed tokens", S.preemptions.recomputed_tokens, "tokens", "lower"),
+    _F("chunking", "prompts chunked", S.chunking.chunked_prompts, "prompts"),
+    _F("chunking", "chunks/prompt mean", S.chunking.chunks_per_prompt.mean, "chunks", "lower"),
+    _F("chunking", "chunks/prompt max", S.chunking.chunks_per_prompt.max, "chunks", "lower"),
+    _F("chunking", "KV tokens re-read", S.chunking.reread_kv_tokens, "tokens", "lower"),
+    _F("prefix cache", "hit tokens (first pass)", S.prefix_cache.hit_tokens, "tokens", "higher"),
+    _F("prefix cache", "hit share of prompt tokens", S.prefix_cache.hit_share, "%", "higher"),
+    _F("prefix cache", "hit tokens on re-admission", S.prefix_cache.resumed_hit_tokens, "tokens", "higher"),
+    _F("queues", "running median", S.queues.running.median, "requests"),
+    _F("queues", "running max", S.queues.running.max, "requests"),
+    _F("queues", "waiting median", S.queues.waiting.median, "requests", "lower"),
+    _F("queues", "waiting max", S.queues.waiting.max, "requests", "lower"),
+    _F("latency in steps", "TTFT median (steps)", S.latency.ttft_steps.median, "steps", "lower"),
+    _F("latency in steps", "TTFT p90 (steps)", S.latency.ttft_steps.p90, "steps", "lower"),
+    _F("latency in seconds", "queue time median", S.latency.queue_s.median, "s", "lower", WALL),
+    _F("latency in seconds", "queue time p90", S.latency.queue_s.p90, "s", "lower", WALL),
+    _F("latency in seconds", "TTFT median", S.latency.ttft_s.median, "s", "lower", WALL),
+    _F("latency in seconds", "TTFT p90", S.latency.ttft_s.p90, "s", "lower", WALL),
+    _F("latency in seconds", "TTFT max", S.latency.ttft_s.max, "s", "lower", WALL),
+    _F("latency in seconds", "end-to-end median", S.latency.e2e_s.median, "s", "lower", WALL),
+    _F("latency in seconds", "end-to-end p90", S.latency.e2e_s.p90, "s", "lower", WALL),
+    _F("latency in seconds", "decode time median", S.latency.decode_s.median, "s", "lower", WALL),
+    _F("latency in seconds", "inter-token median", S.latency.itl_s.median, "s", "lower", WALL),
+    _F("run time", "duration", S.duration_s, "s", "lower", WALL),
+    _F("run time", "output tokens/s", S.output_tokens_per_s, "tok/s", "higher", WALL),
+    _F("run time", "schedule() mean", S.schedule_us.mean, "µs", "lower", WALL),
+    _F("bound", "bound by", S.bound_most, ""),
 )
 del _F
 
@@ -150,27 +155,27 @@ def figures_for(summaries: list[Summary]) -> list[Figure]:
     extra_steps: list[Figure] = []
     extra_wall: list[Figure] = []
 
-    def add(path: str, name: str) -> None:
-        extra_steps.append(Figure("latency in steps", f"TTFT median (steps) · {name}", f"{path}.ttft_steps.median",
+    def add(path: FigurePath, name: str) -> None:
+        extra_steps.append(Figure("latency in steps", f"TTFT median (steps) · {name}", path.ttft_steps.median,
                                   "steps", "lower"))
-        extra_wall.append(Figure("latency in seconds", f"TTFT median · {name}", f"{path}.ttft_s.median", "s",
+        extra_wall.append(Figure("latency in seconds", f"TTFT median · {name}", path.ttft_s.median, "s",
                                  "lower", WALL))
-        extra_wall.append(Figure("latency in seconds", f"end-to-end median · {name}", f"{path}.e2e_s.median", "s",
+        extra_wall.append(Figure("latency in seconds", f"end-to-end median · {name}", path.e2e_s.median, "s",
                                  "lower", WALL))
 
     used = [i for i, c in enumerate(base.latency_classes.classes)
             if any(i < len(s.latency_classes.classes) and s.latency_classes.classes[i].n for s in summaries)]
     if len(used) > 1:
         for i in used:
-            add(f"latency_classes.classes.{i}", f"{base.latency_classes.classes[i].name} prompts")
+            add(S.latency_classes.classes[i], f"{base.latency_classes.classes[i].name} prompts")
     for i, c in enumerate(base.latency_by_priority):
-        add(f"latency_by_priority.{i}", c.name)
+        add(S.latency_by_priority[i], c.name)
     out: list[Figure] = []
     for f in FIGURES:
         out.append(f)
-        if f.path == "latency.ttft_steps.p90":
+        if f.path == S.latency.ttft_steps.p90:
             out += extra_steps
-        elif f.path == "latency.itl_s.median":
+        elif f.path == S.latency.itl_s.median:
             out += extra_wall
     return out
 
@@ -383,8 +388,8 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
     figures = []
     for f in figures_for(summaries):
         values = [f.get(s) for s in summaries]
-        row: dict[str, Any] = {"section": f.section, "figure": f.label, "path": f.path, "unit": f.unit,
-                               "better": f.better, "clock": f.clock, "values": values, "deltas": []}
+        row = {"section": f.section, "figure": f.label, "path": str(f.path), "unit": f.unit, "better": f.better,
+               "clock": f.clock, "values": values, "deltas": []}
         for v, threshold in zip(values[1:], thresholds):
             d, rel, verdict = delta(f, values[0], v)
             row["deltas"].append({"abs": d, "rel": rel, "verdict": verdict,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from ..schema.events import HEAD_BLOCKED_REASONS
@@ -97,6 +98,105 @@ class WindowStats:
 
 
 @dataclass(slots=True)
+class PreemptionSeen:
+    """What the ``preempt`` events alone say about where and under which load the
+    preemptions happened, for runs with step events off (``settings.minimal.yaml``):
+    the preemption rules read it when ``EngineState.steps`` is 0.
+
+    Attributes:
+        first_step, last_step: the lowest / highest ``preempt.step`` (-1: none yet).
+        running_max, waiting_max: the most requests running / waiting after a
+            preemption (``preempt.running`` / ``preempt.waiting``; None: not recorded).
+        kv_usage_max: the highest ``preempt.kv_usage`` (0..1; None: not recorded).
+    """
+
+    first_step: int = -1
+    last_step: int = -1
+    running_max: int | None = None
+    waiting_max: int | None = None
+    kv_usage_max: float | None = None
+
+    def add(self, ev: Any) -> None:
+        """Fold one ``preempt`` record in."""
+        step = ev.step
+        if step is not None:
+            if self.first_step < 0 or step < self.first_step:
+                self.first_step = step
+            if step > self.last_step:
+                self.last_step = step
+        for name, value in (("running_max", ev.running), ("waiting_max", ev.waiting), ("kv_usage_max", ev.kv_usage)):
+            if value is not None:
+                have = getattr(self, name)
+                if have is None or value > have:
+                    setattr(self, name, value)
+
+
+@dataclass(slots=True)
+class PreemptionCounts:
+    """The preemptions of one engine core (``EngineState.preempt``).
+
+    Attributes:
+        events: ``preempt`` events.
+        in_step_lists: ids in the steps' ``preempted`` lists (right with preempt events off).
+        by_reason, discarded_by_reason: preempt events and their discarded tokens by
+            ``reason`` (:func:`~vllm_probe.analysis.figures.preempt_reason`).
+        requests: distinct requests preempted at least once.
+        discarded_tokens: computed tokens thrown away (``preempt.discarded_tokens``).
+        recomputed_tokens: tokens of chunks in resumed (recompute) passes.
+        per_step: exact histogram: requests preempted in one step (its ``preempted``
+            list) -> steps, for steps with any.
+    """
+
+    events: int = 0
+    in_step_lists: int = 0
+    by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
+    discarded_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
+    requests: int = 0
+    discarded_tokens: int = 0
+    recomputed_tokens: int = 0
+    per_step: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PrefillCounts:
+    """The prefill chunks of one engine core (``EngineState.prefill``); tokens.
+
+    Attributes:
+        chunks, chunk_tokens: prefill chunks and their tokens (``end - start``).
+        reread_kv_tokens: :func:`~vllm_probe.analysis.figures.chunk_reread_tokens` summed
+            over chunks (seed §3.4).
+        first_passes: first passes started (first chunks of requests not resumed);
+            first_pass_prompt_tokens: their ``prompt_len`` (what the hits are a share of);
+            prefix_hit_tokens: the prefix cache served on their first chunks;
+            requests_with_prefix_hits: those that started with a hit.
+        resumed_passes, resumed_prefill_tokens, resumed_prefix_hit_tokens: re-admissions
+            after a preemption, the ``prefill_len`` they computed again, and the part the
+            prefix cache served (their first chunks).
+        first_pass_chunks: exact histogram: chunks of the prefill pass that produced a
+            prompt's first token -> prompts.
+    """
+
+    chunks: int = 0
+    chunk_tokens: int = 0
+    reread_kv_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    first_passes: int = 0
+    first_pass_prompt_tokens: int = 0
+    requests_with_prefix_hits: int = 0
+    resumed_passes: int = 0
+    resumed_prefill_tokens: int = 0
+    resumed_prefix_hit_tokens: int = 0
+    first_pass_chunks: dict[int, int] = field(default_factory=dict)
+
+
+def _read_only(group: str, name: str, doc: str) -> property:
+    """``EngineState.<old name>``: a read-only view of ``EngineState.<group>.<name>``
+    (readers keep their names; only RunState writes, through the group)."""
+    getter = attrgetter(f"{group}.{name}")
+    return property(getter, doc=doc)
+
+
+@dataclass(slots=True)
 class EngineState:
     """One engine core (data-parallel rank): the latest records, run totals (tokens,
     requests, events), a rolling window of steps and the requests in flight."""
@@ -134,32 +234,17 @@ class EngineState:
     step_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
     stepping_since: float | None = None  # earliest step start (ts - schedule_us), epoch s
     last_step_ts: float | None = None  # latest ts of a step event, epoch s
-    preemptions: int = 0  # preempt events
-    #: preempt events and their discarded tokens by ``reason`` (figures.preempt_reason)
-    preemptions_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
-    discarded_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PREEMPT_REASONS, 0))
-    step_preemptions: int = 0  # ids in the steps' ``preempted`` lists (right with preempt events off)
-    requests_preempted: int = 0  # distinct requests preempted at least once
-    discarded_tokens: int = 0
-    recomputed_tokens: int = 0  # tokens of chunks in resumed (recompute) passes
-    chunks: int = 0
-    chunk_tokens: int = 0  # tokens of every prefill chunk (end - start)
-    reread_kv_tokens: int = 0  # figures.chunk_reread_tokens summed over chunks (seed §3.4)
-    prefix_hit_tokens: int = 0  # served by the prefix cache on first passes' first chunks
-    first_passes: int = 0  # first passes started (first chunks of requests not resumed)
-    first_pass_prompt_tokens: int = 0  # prompt_len of those first chunks: what the hits are a share of
-    requests_with_prefix_hits: int = 0  # first passes that started with a prefix-cache hit
-    #: re-admissions after a preemption (resumed passes): their number, the prefill_len they
-    #: had to compute again, and the part of it the prefix cache served (their first chunks)
-    resumed_passes: int = 0
-    resumed_prefill_tokens: int = 0
-    resumed_prefix_hit_tokens: int = 0
+    #: the preemption counters (preempt events, the steps' lists, tokens discarded and
+    #: recomputed); read them through the properties below or the group
+    preempt: PreemptionCounts = field(default_factory=lambda: PreemptionCounts())
+    #: where and under which load the preempt events happened (step events off: all there is)
+    preempt_seen: PreemptionSeen = field(default_factory=PreemptionSeen)
+    #: the prefill counters (chunks, re-read KV, prefix-cache hits of first and resumed passes)
+    prefill: PrefillCounts = field(default_factory=lambda: PrefillCounts())
     #: prefix-cache hits of the first chunks scheduled in step :attr:`hits_step` (tokens;
     #: :meth:`prefix_hits_in_step`, the ``--plain`` line's "hit")
     hits_step: int | None = None
     step_prefix_hits: int = 0
-    #: exact histogram: chunks of the prefill pass that produced a prompt's first token -> prompts
-    first_pass_chunks: dict[int, int] = field(default_factory=dict)
     requests_added: int = 0
     #: the step before which the latest request arrived (its ``arrival_step``; -1: none yet):
     #: an offline burst has them all before the first steps
@@ -168,8 +253,6 @@ class EngineState:
     #: exact histogram of the steps' ``(running, waiting)`` queue lengths (requests) -> steps
     #: (one dict update per step; bounded by the distinct pairs)
     queue_steps: dict[tuple[int, int], int] = field(default_factory=dict)
-    #: exact histogram: requests preempted in one step (its ``preempted`` list) -> steps, for steps with any
-    preempted_steps: dict[int, int] = field(default_factory=dict)
     #: requests by ``request_added.priority`` (requests)
     priorities: dict[int | str, int] = field(default_factory=dict)
     #: what the requests asked for (``request_added``): field -> value -> requests, for
@@ -194,16 +277,20 @@ class EngineState:
     timeline: Timeline = field(init=False)
     recent_preempts: deque[Any] = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
-    finished: deque[RequestState] = field(init=False)
-    _awaiting_token: dict[str, RequestState] = field(default_factory=dict)
-    _max_num_seqs: int | None = None  # cached from config for the per-step hot path
+    finished: deque = field(init=False)
+    #: requests whose prefill pass just ended: their first token comes with the next step
+    #: (or their finish); written by RunState's handlers
+    awaiting_first_token: dict[str, RequestState] = field(default_factory=dict)
+    #: ``engine_config.max_num_seqs``, set by RunState when the config is read (the per-step
+    #: path reads it without going through the config record)
+    max_num_seqs: int | None = None
     # the histograms of sampling_seen, one attribute each for request_added's loop
-    _seen_max_tokens: dict[Any, int] = field(init=False, repr=False)
-    _seen_temperature: dict[Any, int] = field(init=False, repr=False)
-    _seen_top_p: dict[Any, int] = field(init=False, repr=False)
+    seen_max_tokens: dict = field(init=False, repr=False)
+    seen_temperature: dict = field(init=False, repr=False)
+    seen_top_p: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._seen_max_tokens, self._seen_temperature, self._seen_top_p = (
+        self.seen_max_tokens, self.seen_temperature, self.seen_top_p = (
             self.sampling_seen[name] for name in SAMPLING_FIELDS)
         self.window = deque(maxlen=self.step_window)
         self.timeline = Timeline(self, self.timeline_spans)
@@ -211,8 +298,25 @@ class EngineState:
         self.finished = deque(maxlen=self.finished_keep)
 
     @property
-    def max_num_seqs(self) -> int | None:
-        return self._max_num_seqs
+    def preemptions_total(self) -> int:
+        """The run's preemptions, one figure for every view (the dashboard, the ``--plain``
+        lines, the summary): ``preempt`` events, or with those off the ids in the steps'
+        ``preempted`` lists, whichever counted more (within a step the preempt events come
+        first; with both on they agree once the step is read)."""
+        p = self.preempt
+        return p.events if p.events >= p.in_step_lists else p.in_step_lists
+
+    @property
+    def step_budget(self) -> int | None:
+        """The token budget of the latest step (``step.token_budget``), else the engine's
+        ``max_num_batched_tokens`` (``engine_config``); None when neither is known. The one
+        budget every view feeds to :func:`~vllm_probe.analysis.figures.budget_use`."""
+        latest = self.latest
+        budget = latest.token_budget if latest is not None else None
+        if budget:
+            return budget
+        config = self.config
+        return (config.max_num_batched_tokens or None) if config is not None else None
 
     def request(self, req_id: str) -> RequestState:
         req = self.requests.get(req_id)
@@ -333,3 +437,30 @@ def count_value(hist: dict[Any, int], value: Any) -> None:
     if value not in hist and len(hist) >= DISTINCT_KEEP:
         value = OTHER_VALUES
     hist[value] = hist.get(value, 0) + 1
+
+
+#: The names readers use (the doctor, the views, the summary, the metrics), each a
+#: read-only view of its group's field.
+for _name, (_group, _field, _doc) in {
+    "preemptions": ("preempt", "events", "preempt events"),
+    "step_preemptions": ("preempt", "in_step_lists", "ids in the steps' preempted lists"),
+    "preemptions_by_reason": ("preempt", "by_reason", "preempt events by reason"),
+    "discarded_by_reason": ("preempt", "discarded_by_reason", "discarded tokens by reason"),
+    "requests_preempted": ("preempt", "requests", "distinct requests preempted at least once"),
+    "discarded_tokens": ("preempt", "discarded_tokens", "computed tokens thrown away by preemptions"),
+    "recomputed_tokens": ("preempt", "recomputed_tokens", "tokens of chunks in resumed passes"),
+    "preempted_steps": ("preempt", "per_step", "requests preempted in one step -> steps"),
+    "chunks": ("prefill", "chunks", "prefill chunks"),
+    "chunk_tokens": ("prefill", "chunk_tokens", "tokens of every prefill chunk"),
+    "reread_kv_tokens": ("prefill", "reread_kv_tokens", "KV tokens re-read by later chunks"),
+    "prefix_hit_tokens": ("prefill", "prefix_hit_tokens", "prefix-cache hits of first passes"),
+    "first_passes": ("prefill", "first_passes", "first passes started"),
+    "first_pass_prompt_tokens": ("prefill", "first_pass_prompt_tokens", "prompt tokens of first passes"),
+    "requests_with_prefix_hits": ("prefill", "requests_with_prefix_hits", "first passes with a hit"),
+    "resumed_passes": ("prefill", "resumed_passes", "re-admissions after a preemption"),
+    "resumed_prefill_tokens": ("prefill", "resumed_prefill_tokens", "prefill_len of re-admissions"),
+    "resumed_prefix_hit_tokens": ("prefill", "resumed_prefix_hit_tokens", "prefix-cache hits of re-admissions"),
+    "first_pass_chunks": ("prefill", "first_pass_chunks", "chunks of the first pass -> prompts"),
+}.items():
+    setattr(EngineState, _name, _read_only(_group, _field, _doc))
+del _name, _group, _field, _doc

@@ -14,8 +14,13 @@ recorded (:func:`check_model`: no event names the model).
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
+import importlib.util
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 #: vLLM engine argument -> the ``engine_config`` field that records its effect.
@@ -38,8 +43,43 @@ NOT_IN_V1: dict[str, str] = {
     "preemption_mode": "vLLM V1 always preempts by recompute (the swap mode was V0's)",
 }
 
-#: Statuses of a :class:`SettingCheck`.
-DIFFERS, MATCHES, NOT_RECORDED, NOT_V1 = "differs", "matches", "not_recorded", "not_v1"
+#: Statuses of a :class:`SettingCheck`. ``unknown``: not an engine argument of vLLM (a
+#: misspelt key: vLLM would never see it, so the run cannot show "no difference").
+DIFFERS, MATCHES, NOT_RECORDED, NOT_V1, UNKNOWN = "differs", "matches", "not_recorded", "not_v1", "unknown"
+
+#: How alike a name must be to vLLM's closest engine argument to be offered as "did you
+#: mean" (``difflib.SequenceMatcher.ratio``; ``max_num_batched_token`` against
+#: ``max_num_batched_tokens`` is 0.98, against ``max_num_seqs`` 0.55).
+CLOSE_NAME_RATIO = 0.75
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_names() -> frozenset[str]:
+    """The names of vLLM's engine arguments: the annotated fields of ``EngineArgs`` in the
+    installed ``vllm/engine/arg_utils.py``, read with ``ast`` (vLLM is not imported: that
+    takes seconds). Without vLLM installed (or an ``arg_utils.py`` that does not parse):
+    the arguments this module knows (:data:`ENGINE_ARG_FIELDS`, :data:`NOT_IN_V1`)."""
+    known = frozenset(ENGINE_ARG_FIELDS) | frozenset(NOT_IN_V1)
+    try:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or not spec.submodule_search_locations:
+            return known
+        path = Path(next(iter(spec.submodule_search_locations))) / "engine" / "arg_utils.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, ImportError):
+        return known
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            names = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            return frozenset(names) | known
+    return known
+
+
+def closest_engine_arg(name: str) -> str | None:
+    """vLLM's engine argument closest to ``name`` (``difflib``, at least
+    :data:`CLOSE_NAME_RATIO` alike), None when none is."""
+    near = difflib.get_close_matches(name, sorted(engine_arg_names()), n=1, cutoff=CLOSE_NAME_RATIO)
+    return near[0] if near else None
 
 
 @dataclass(frozen=True)
@@ -51,8 +91,10 @@ class SettingCheck:
         expected: its value in the file.
         effective: the value ``engine_config`` recorded (None: not recorded).
         status: :data:`DIFFERS`, :data:`MATCHES`, :data:`NOT_RECORDED` (``engine_config``
-            has no field for it) or :data:`NOT_V1` (no such setting in vLLM V1).
-        note: why, for the last two; for sampling, how many requests had which value.
+            has no field for it), :data:`NOT_V1` (no such setting in vLLM V1) or
+            :data:`UNKNOWN` (not an engine argument of vLLM: misspelt).
+        note: why, for the last three; for sampling, how many requests had which value.
+        suggestion: for :data:`UNKNOWN`, vLLM's closest engine argument (None: none close).
         section: where the setting is in the file: ``engine`` (``[scheduler]``, engine
             arguments), ``model`` or ``sampling``.
     """
@@ -63,6 +105,7 @@ class SettingCheck:
     status: str
     note: str = ""
     section: str = "engine"
+    suggestion: str | None = None
 
 
 def _same(expected: Any, effective: Any) -> bool:
@@ -85,6 +128,11 @@ def check_expected(expected_engine: dict[str, Any], config: Any) -> list[Setting
             checks.append(SettingCheck(setting, value, None, NOT_V1, NOT_IN_V1[setting]))
             continue
         field = ENGINE_ARG_FIELDS.get(setting)
+        if field is None and setting not in engine_arg_names():
+            near = closest_engine_arg(setting)
+            note = "not an engine argument of vLLM" + (f": did you mean {near}?" if near else "")
+            checks.append(SettingCheck(setting, value, None, UNKNOWN, note, suggestion=near))
+            continue
         effective = getattr(config, field, None) if (config is not None and field) else None
         if effective is None:
             why = "engine_config does not record it" if field is None or config is not None else "no engine_config"

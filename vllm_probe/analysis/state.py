@@ -19,7 +19,7 @@ from bisect import bisect_left
 from typing import Any
 from collections.abc import Callable, Iterable
 
-from ..schema.records import STRUCTS, from_dict
+from ..schema.records import STRUCTS
 from .engine_state import (
     _KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
 )
@@ -54,6 +54,9 @@ class RunState:
         self.on_request_finished = on_request_finished
         self.listener = listener
         self.events = 0
+        # busy time (busy_s): periods with at least one request in an engine core
+        self._busy_since: float | None = None
+        self._busy_total_s = 0.0
         self._handlers = {  # by Struct class (vllm_probe.schema.records)
             STRUCTS["engine_config"]: self._engine_config,
             STRUCTS["step"]: self._step,
@@ -70,16 +73,18 @@ class RunState:
             eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep, self.timeline_spans)
         return eng
 
-    def apply(self, ev: Any) -> None:
-        """Update the state with one event: a record of :mod:`vllm_probe.schema.records`
-        (as the reader yields them) or an event dict (converted first; ignored when its
-        kind is unknown or a field has the wrong type)."""
-        if type(ev) is dict:
-            ev = from_dict(ev)
-            if ev is None:
-                return
+    def apply(self, ev) -> None:
+        """Update the state with one record of :mod:`vllm_probe.schema.records` (as the
+        reader yields them; past the reader there are only records).
+
+        Raises:
+            TypeError: ``ev`` is a dict (decode it with :mod:`vllm_probe.runs.reader`, or
+                build the record: ``tests/_events.py``'s ``records``).
+        """
         handler = self._handlers.get(type(ev))
         if handler is None:
+            if type(ev) is dict:
+                raise TypeError("RunState.apply takes records (vllm_probe.schema.records), not event dicts")
             return
         ts, idx, pid = ev.ts, ev.engine, ev.pid
         eng = self.engines.get(idx) or self.engine(idx)
@@ -127,6 +132,21 @@ class RunState:
         return max(max(e.last_step_ts for e in self.engines.values() if e.last_step_ts is not None)
                    - min(starts), 0.0)
 
+    def busy_s(self) -> float | None:
+        """Seconds with at least one request in an engine core: from a ``request_added``
+        that finds every engine core empty to the ``request_finished`` (or a step's
+        ``finished`` id) that empties them all, summed over such periods; a period still
+        open counts up to the latest event. None without ``request_added`` events.
+
+        On a server, :meth:`stepping_s` (a run's ``duration``) also counts the idle time
+        between bursts: two bursts of 5 s and 17 s, 31.8 s apart, read 53.8 s of duration
+        and 22 s busy (tests/analysis/test_busy.py). Output tokens per busy second is the
+        engine's throughput while it had work."""
+        if self._busy_since is None:
+            return self._busy_total_s if self._busy_total_s else None
+        last = self.last_ts
+        return self._busy_total_s + max((last if last is not None else self._busy_since) - self._busy_since, 0.0)
+
     def prefix_hit_share(self) -> float | None:
         """Prefix-cache hits of first passes over their prompt tokens, across engines (0..1)."""
         return share(self.total("prefix_hit_tokens"), self.total("first_pass_prompt_tokens"))
@@ -147,7 +167,7 @@ class RunState:
 
     def _engine_config(self, eng: EngineState, ev: Any) -> None:
         eng.config = ev
-        eng._max_num_seqs = ev.max_num_seqs
+        eng.max_num_seqs = ev.max_num_seqs
 
     def _step(self, eng: EngineState, ev: Any) -> None:
         step = ev.step
@@ -186,10 +206,10 @@ class RunState:
         hist = eng.queue_steps
         hist[key] = hist.get(key, 0) + 1
         if n_preempted:
-            eng.step_preemptions += n_preempted
-            by_count = eng.preempted_steps
-            by_count[n_preempted] = by_count.get(n_preempted, 0) + 1
-        bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng._max_num_seqs)
+            eng.preempt.in_step_lists += n_preempted
+            hist = eng.preempt.per_step
+            hist[n_preempted] = hist.get(n_preempted, 0) + 1
+        bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng.max_num_seqs)
         eng.bound_counts[bound] += 1
         blocked = ev.head_blocked_by
         if blocked is not None:
@@ -234,25 +254,25 @@ class RunState:
             for rid in ev.finished:
                 if rid in eng.requests:
                     self._finish(eng, rid, ts, None, None, None)
-        if eng._awaiting_token:
-            done = [r for r in eng._awaiting_token.values()
-                    if r.first_token_step is not None and r.first_token_step < step]
+        if eng.awaiting_first_token:
+            done = [r for r in eng.awaiting_first_token.values() if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
                 req.first_token_ts = ts
-                del eng._awaiting_token[req.req_id]
+                del eng.awaiting_first_token[req.req_id]
                 self._first_token(eng, req)
         if self.listener is not None:
             self.listener.on_step(eng, ev)
 
     def _chunk(self, eng: EngineState, ev: Any) -> None:
         req = eng.request(ev.req_id)
-        eng.chunks += 1
+        pf = eng.prefill
+        pf.chunks += 1
         req.chunks += 1
         start = ev.start or 0
         end = start if ev.end is None else ev.end
         index = ev.chunk_index or 0
-        eng.chunk_tokens += end - start
-        eng.reread_kv_tokens += chunk_reread_tokens(index, start)
+        pf.chunk_tokens += end - start
+        pf.reread_kv_tokens += chunk_reread_tokens(index, start)
         if ev.prompt_len is not None:
             req.prompt_len = ev.prompt_len
         if index == 0:
@@ -262,15 +282,15 @@ class RunState:
                 eng.hits_step, eng.step_prefix_hits = ev.step, 0
             eng.step_prefix_hits += hits
             if ev.resumed:
-                eng.resumed_passes += 1
-                eng.resumed_prefix_hit_tokens += hits
-                eng.resumed_prefill_tokens += ev.prefill_len if ev.prefill_len is not None else end
+                pf.resumed_passes += 1
+                pf.resumed_prefix_hit_tokens += hits
+                pf.resumed_prefill_tokens += ev.prefill_len if ev.prefill_len is not None else end
             else:
-                eng.first_passes += 1
-                eng.prefix_hit_tokens += hits
-                eng.first_pass_prompt_tokens += ev.prompt_len if ev.prompt_len is not None else end
+                pf.first_passes += 1
+                pf.prefix_hit_tokens += hits
+                pf.first_pass_prompt_tokens += ev.prompt_len if ev.prompt_len is not None else end
                 if hits:
-                    eng.requests_with_prefix_hits += 1
+                    pf.requests_with_prefix_hits += 1
             if req.first_scheduled_ts is None:
                 req.first_scheduled_ts = ev.ts
                 req.first_scheduled_step = ev.step
@@ -280,7 +300,7 @@ class RunState:
                     eng.queue_s.add(queue_s)
         if ev.resumed:
             req.recomputed_tokens += end - start
-            eng.recomputed_tokens += end - start
+            eng.preempt.recomputed_tokens += end - start
         else:
             req.first_pass_chunks += 1
         req.chunk_index = index
@@ -292,8 +312,8 @@ class RunState:
             req.pass_end_step = ev.step
             if req.first_token_step is None:  # the pass that produced the first token
                 req.first_token_step = ev.step
-                eng._awaiting_token[req.req_id] = req
-                hist = eng.first_pass_chunks
+                eng.awaiting_first_token[req.req_id] = req
+                hist = pf.first_pass_chunks
                 hist[index + 1] = hist.get(index + 1, 0) + 1
         else:
             req.phase = PREFILL
@@ -302,14 +322,15 @@ class RunState:
 
     def _preempt(self, eng: EngineState, ev: Any) -> None:
         req = eng.request(ev.req_id)
-        eng.preemptions += 1
+        p = eng.preempt
+        p.events += 1
         if not req.preemptions:
-            eng.requests_preempted += 1
+            p.requests += 1
         discarded = ev.discarded_tokens or 0
-        eng.discarded_tokens += discarded
+        p.discarded_tokens += discarded
         reason = preempt_reason(ev.reason)
-        eng.preemptions_by_reason[reason] = eng.preemptions_by_reason.get(reason, 0) + 1
-        eng.discarded_by_reason[reason] = eng.discarded_by_reason.get(reason, 0) + discarded
+        p.by_reason[reason] = p.by_reason.get(reason, 0) + 1
+        p.discarded_by_reason[reason] = p.discarded_by_reason.get(reason, 0) + discarded
         req.preemptions = ev.num_preemptions or req.preemptions + 1
         req.discarded_tokens += discarded
         if ev.output_tokens is not None:
@@ -320,12 +341,15 @@ class RunState:
         req.computed = 0
         req.last_preempt_ts = ev.ts
         req.last_preempt_step = ev.step
+        eng.preempt_seen.add(ev)
         eng.recent_preempts.append(ev)
         if self.listener is not None:
             self.listener.on_preempt(eng, req, ev)
 
     def _added(self, eng: EngineState, ev: Any) -> None:
         eng.requests_added += 1
+        if self._busy_since is None:  # the first request of a busy period
+            self._busy_since = ev.ts
         req = eng.requests.get(ev.req_id)
         if req is None:
             req = eng.requests[ev.req_id] = RequestState(ev.req_id, eng.engine)
@@ -335,8 +359,8 @@ class RunState:
         req.priority = ev.priority
         req.arrival_ts = ev.ts if ev.arrival_ts is None else ev.arrival_ts
         # per request, not per step; inlined (a summary counts tens of thousands)
-        for hist, value in ((eng.priorities, ev.priority), (eng._seen_max_tokens, ev.max_tokens),
-                            (eng._seen_temperature, ev.temperature), (eng._seen_top_p, ev.top_p)):
+        for hist, value in ((eng.priorities, ev.priority), (eng.seen_max_tokens, ev.max_tokens),
+                            (eng.seen_temperature, ev.temperature), (eng.seen_top_p, ev.top_p)):
             if value is not None:
                 n = hist.get(value)
                 if n is not None:
@@ -353,6 +377,9 @@ class RunState:
                 num_preemptions: int | None) -> None:
         req = eng.requests.pop(req_id, None) or RequestState(req_id, eng.engine)
         eng.requests_finished += 1
+        if self._busy_since is not None and not eng.requests and not any(e.requests for e in self.engines.values()):
+            self._busy_total_s += max(ts - self._busy_since, 0.0)  # the last request left: idle from here
+            self._busy_since = None
         req.phase = FINISHED
         req.finished_ts = ts
         req.finish_reason = reason
@@ -360,7 +387,7 @@ class RunState:
             req.output_tokens = output_tokens
         if num_preemptions is not None:
             req.preemptions = num_preemptions
-        if eng._awaiting_token.pop(req.req_id, None) is not None:
+        if eng.awaiting_first_token.pop(req.req_id, None) is not None:
             req.first_token_ts = ts
             self._first_token(eng, req)
         eng.finished.append(req)

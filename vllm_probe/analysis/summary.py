@@ -17,7 +17,11 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
 * **steps**: ``step`` events (calls of ``Scheduler.schedule()``), summed over engine
   cores. **duration_s**: from the start of the first step (its ``ts`` minus its
   ``schedule_us``) to the ``ts`` of the last step, across engine cores (the time the
-  schedulers were stepping; in the time-ordered stream).
+  schedulers were stepping; in the time-ordered stream). **busy_s**: the seconds with at
+  least one request in an engine core (``request_added`` to ``request_finished``, idle
+  gaps between bursts left out: :meth:`~vllm_probe.analysis.state.RunState.busy_s`);
+  **output_tokens_per_busy_s**: output tokens of finished requests per busy second (the
+  engine's throughput while it had work; ``output_tokens_per_s`` divides by duration).
 * **tokens per step**: ``scheduled_tokens`` of each step; **budget use**:
   ``scheduled_tokens / token_budget`` of each step (0..1). Quantiles over all steps.
 * **prefill / decode split**: sums of the steps' ``prefill_tokens`` / ``decode_tokens``;
@@ -91,7 +95,6 @@ from collections.abc import Iterable
 
 from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import NoEventsError, event_files, never_started_note, read_meta
-from ..schema.records import from_dict
 from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
 from .requests import RequestState
@@ -238,12 +241,14 @@ class Summary:
     config_differs_across_engines: bool = False
     steps: int = 0
     duration_s: float | None = None
+    busy_s: float | None = None  # seconds with a request in an engine core (None: no request events)
     requests_added: int = 0
     requests_finished: int = 0
     requests_unfinished: int = 0
     prompt_tokens: int = 0  # of finished requests
     output_tokens: int = 0  # of finished requests
     output_tokens_per_s: float | None = None
+    output_tokens_per_busy_s: float | None = None
     tokens_per_step: Distribution = field(default_factory=Distribution)
     budget_use: Distribution = field(default_factory=Distribution)  # 0..1
     scheduled_tokens: int | None = 0
@@ -322,8 +327,8 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     """The state of a run and its :class:`Summary`, from an iterable of events: each
     engine core's events in file order (engine cores may follow one another or
     interleave, as ``iter_run`` yields them). Events are records of
-    :mod:`vllm_probe.schema.records` or dicts (converted; skipped when a field has the
-    wrong type). ``listener`` follows every transition (the doctor's
+    :mod:`vllm_probe.schema.records` (past the reader there are only records; a
+    hand-made stream builds them: ``tests/_events.py``'s ``records``). ``listener`` follows every transition (the doctor's
     :class:`~vllm_probe.analysis.episodes.Episodes`). ``with_summary=False``: the state
     only (no per-request latency records), and None for the summary. ``boundaries``:
     prompt-length class boundaries in tokens (None: :func:`default_boundaries` of the
@@ -340,10 +345,6 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     gc.disable()
     try:
         for ev in events:
-            if type(ev) is dict:
-                ev = from_dict(ev)
-                if ev is None:
-                    continue
             apply(ev)
     finally:
         if gc_was_enabled:
@@ -441,6 +442,9 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     s.output_tokens = fin.output_tokens
     if s.duration_s:
         s.output_tokens_per_s = s.output_tokens / s.duration_s
+    s.busy_s = state.busy_s()
+    if s.busy_s:
+        s.output_tokens_per_busy_s = s.output_tokens / s.busy_s
 
     # steps: tokens and budget use
     tokens: dict[float, int] = {}
@@ -462,7 +466,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
 
     # preemptions
     p = s.preemptions
-    p.count = int(state.total("preemptions"))
+    p.count = int(state.total("preemptions_total"))  # preempt events, or the steps' lists with those off
     p.requests = int(state.total("requests_preempted"))
     p.discarded_tokens = int(state.total("discarded_tokens"))
     p.recomputed_tokens = int(state.total("recomputed_tokens"))

@@ -4,7 +4,8 @@
 ``--metrics-port`` serves the run's Prometheus metrics from this process (never from
 the engine core) for as long as the command runs: the port is bound before the run
 directory is made, so a port in use is one line and nothing starts; the command's exit
-stops the server. See :mod:`vllm_probe.cli.metrics` for the same as a sidecar.
+stops the server. With ``--live`` the server serves the dashboard's
+:class:`~vllm_probe.analysis.follow.LiveRun` (every line read once, one state). See :mod:`vllm_probe.cli.metrics` for the same as a sidecar.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def main(args: argparse.Namespace) -> int:
     if settings.source is not None and settings.empty:
         print(f"vllm-probe: {settings.source}: no settings in it (every line a comment or blank): the probe's "
               f"defaults apply, and nothing is checked against the run", file=sys.stderr)
+    if settings.expected is not None:  # a misspelt engine argument: vLLM will never see it (issue 17 item 7)
+        from ..analysis.expected import ENGINE_ARG_FIELDS, closest_engine_arg, engine_arg_names
+
+        for name in settings.expected.engine:
+            if name not in ENGINE_ARG_FIELDS and name not in engine_arg_names():
+                near = closest_engine_arg(name)
+                print(f"vllm-probe: {settings.source}: {name} is not an engine argument of vLLM"
+                      + (f" (did you mean {near}?)" if near else "") + "; the run goes on without it",
+                      file=sys.stderr)
     if settings.ignored:
         print(f"vllm-probe: {settings.source}: section{'s' if len(settings.ignored) > 1 else ''} "
               f"{', '.join(settings.ignored)} left alone (not the probe's)", file=sys.stderr)
@@ -58,12 +68,14 @@ def main(args: argparse.Namespace) -> int:
         on_start = None
         if server is not None:
             def on_start(run_dir: Path) -> None:
-                server.follow(run_dir)
+                if not args.live:  # with --live the server attaches to the dashboard's LiveRun: one read
+                    server.follow(run_dir)
                 print(f"vllm-probe: metrics -> {server.url}", file=sys.stderr, flush=True)
         if args.live:
             from ..tui.watch import run_live
 
-            return run_live(command, settings, args.out, on_start=on_start)
+            return run_live(command, settings, args.out, on_start=on_start,
+                            on_live=server.attach if server is not None else None)
         return run_foreground(command, settings, args.out, on_start=on_start)
     except LaunchError as e:
         raise CliError(str(e), e.code) from None

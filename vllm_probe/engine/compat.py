@@ -310,6 +310,21 @@ def scheduler_inputs(sched: Any) -> dict[str, Any]:
     }
 
 
+def platform_name() -> str | None:
+    """vLLM's platform in lower case (``cpu``, ``cuda``, ``rocm``, ``tpu``, ``xpu``,
+    ``oot`` …): ``current_platform``'s ``PlatformEnum`` name (``vllm/platforms/interface.py``,
+    every release since 0.6), else its ``device_type``. None when it cannot be read."""
+
+    def read() -> str | None:
+        from vllm.platforms import current_platform
+
+        enum = getattr(current_platform, "_enum", None)
+        name = getattr(enum, "name", None) or getattr(current_platform, "device_type", None)
+        return str(name).lower() if name else None
+
+    return _or_none(read)
+
+
 def device_memory_bytes() -> int | None:
     """Total memory of the device ``gpu_memory_utilization`` is a share of (bytes), where
     vLLM's platform can say without touching the device: the CPU backend's NUMA node

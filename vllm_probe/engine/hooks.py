@@ -203,7 +203,7 @@ class SchedulerProbe:
         self.emit(ENGINE_CONFIG, self.clock(), self.engine, ENGINE_CONFIG.pack(
             vllm_version=rt.vllm_version, probe_version=__version__,
             scheduler_class=type(sched).__name__, patched=list(rt.patched),
-            flags=self.flags.to_dict(), **settings,
+            flags=self.flags.to_dict(), platform=compat.platform_name(), **settings,
         ))
 
     # -- step -------------------------------------------------------------------------

@@ -68,7 +68,6 @@ from ..analysis.requests import DECODE, RequestState
 from ..analysis.state import RunState, StateListener
 from ..runs.reader import ReadStats, iter_run
 from ..runs.rundir import NoEventsError, event_files, read_meta
-from ..schema.records import from_dict
 from .base import ExportResult, output_stream
 
 #: Request tracks get thread ids from here on (above any OS pid, so no clash with them).
@@ -245,11 +244,7 @@ class TraceBuilder(StateListener):
     # -- records in -----------------------------------------------------------------------
 
     def add(self, ev: Any) -> None:
-        """Feed one record (or event dict), in time order across the run."""
-        if type(ev) is dict:
-            ev = from_dict(ev)
-            if ev is None:
-                return
+        """Feed one record (:mod:`vllm_probe.schema.records`), in time order across the run."""
         kind = ev.kind
         if kind == "probe_stats":  # written by every process; not on the timeline
             return
@@ -393,14 +388,14 @@ class TraceBuilder(StateListener):
 
 def build_trace(events: Iterable[Any], out: IO[bytes], t0: float | None = None,
                 other_data: dict | None = None) -> TraceResult:
-    """Write the trace of time-ordered records (or event dicts) to the binary stream ``out``.
+    """Write the trace of time-ordered records to the binary stream ``out``.
 
     ``t0`` (epoch seconds) becomes ``ts`` 0; default: the first record's ``ts``.
     """
     it = iter(events)
     first = next(it, None)
     if t0 is None:
-        t0 = (first["ts"] if type(first) is dict else first.ts) if first is not None else 0.0
+        t0 = first.ts if first is not None else 0.0
     builder = TraceBuilder(out, t0, other_data)
     if first is not None:
         builder.add(first)

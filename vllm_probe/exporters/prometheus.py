@@ -8,10 +8,11 @@ the timeline), converted to base units and Prometheus' cumulative buckets. Names
 types, units, labels and the event field behind each metric: docs/metrics.md.
 
 :class:`MetricsServer` serves them over HTTP while a run goes on: prometheus_client's
-own server (a thread per scrape) plus one thread that follows the run directory as
-``vllm-probe tail`` does (:class:`~vllm_probe.runs.reader.Follower`) into one
-``RunState``. A lock keeps a scrape and the follower apart; the follower takes it for
-at most :data:`APPLY_SLICE` events at a time, so a scrape never waits for a backlog.
+own server (a thread per scrape) over a :class:`~vllm_probe.analysis.follow.LiveRun`
+(one Follower into one ``RunState``): the dashboard's when ``run --live`` shows one, else
+its own, pumped by one thread. The LiveRun's lock keeps a scrape and the reading apart;
+the reader takes it for at most :data:`~vllm_probe.analysis.follow.APPLY_SLICE` events
+at a time, so a scrape never waits for a backlog.
 The engine core is not involved (it opens no socket, guarantee 9).
 
 Labels are bounded: ``engine`` (the data-parallel rank), ``model_name`` where the run's
@@ -24,7 +25,6 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
-import time
 from bisect import bisect_left
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,25 +40,15 @@ from prometheus_client.utils import floatToGoString
 from ..analysis.figures import (
     BUDGET_USE_BOUNDS, CHUNKS_PER_PROMPT_BOUNDS, STEP_TOKENS_BOUNDS, Buckets, budget_use,
 )
-from ..analysis.doctor import LiveDiagnosis
 from ..analysis.engine_state import EngineState
 from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
 from ..analysis.summary import CONFIG_KEYS
-from ..runs.reader import Follower, ReadStats, record_ts
-
-if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-from ..runs.rundir import read_meta
+from ..analysis.follow import READ_CHUNK, LiveRun
+from ..runs.reader import Follower, ReadStats
 
 #: Seconds between two looks at the run directory when the follower has caught up.
 POLL_S = 0.25
-#: Bytes read per file per look (bounds the follower's memory on a large finished run).
-READ_CHUNK = 4 << 20
-#: Events applied per hold of the lock: a scrape waits for at most this many (~2 ms).
-APPLY_SLICE = 500
-#: Seconds between two reads of ``meta.json`` (model name, end of the run).
-META_EVERY_S = 1.0
 #: The doctor's findings (``vllm_probe_finding``) are recomputed at most this often (s),
 #: on a scrape: a Prometheus scrape interval is 5 s or more.
 FINDINGS_EVERY_S = 5.0
@@ -75,8 +65,9 @@ FindingsSource = Callable[[RunState], Iterable[Any]]
 def model_name_of(command: list[str] | None) -> str | None:
     """The ``model_name`` label vLLM itself would use, read from the run's command line
     (``meta.json``): the first ``--served-model-name``, else ``--model``, else the
-    positional model of ``vllm serve MODEL``; None when it names none (e.g. a script
-    that builds ``LLM(...)`` itself)."""
+    positional model of ``vllm serve MODEL``, a local folder by its last component
+    (:func:`_model_label`); None when it names none (e.g. a script that builds
+    ``LLM(...)`` itself)."""
     if not command:
         return None
     found: dict[str, str] = {}
@@ -89,10 +80,22 @@ def model_name_of(command: list[str] | None) -> str | None:
         if (word == "serve" and i > 0 and Path(command[i - 1]).name == "vllm" and i + 1 < len(command)
                 and not command[i + 1].startswith("-")):
             found.setdefault("serve", command[i + 1])
-    for key in ("--served-model-name", "--model", "serve"):
+    if found.get("--served-model-name"):
+        return found["--served-model-name"]
+    for key in ("--model", "serve"):
         if found.get(key):
-            return found[key]
+            return _model_label(found[key])
     return None
+
+
+def _model_label(model: str) -> str:
+    """A model argument as a label: a local folder (``/models/llama``, ``./tiny``,
+    ``~/m``) by its last component (``llama``), never an absolute path of this machine; a
+    hub id (``Qwen/Qwen2.5-7B-Instruct``) as written."""
+    if model.startswith(("/", ".", "~")) or "\\" in model:
+        parts = [p for p in model.replace("\\", "/").split("/") if p not in ("", ".", "..", "~")]
+        return parts[-1] if parts else model
+    return model
 
 
 def _label_value(value: Any) -> str:
@@ -352,29 +355,23 @@ class MetricsServer:
     """Prometheus text exposition of one run directory at ``http://HOST:PORT/metrics``.
 
     The port is bound when the server is made (so a port in use fails before anything
-    starts); :meth:`follow` then starts following a run directory; :meth:`close` stops
-    both. A scrape before :meth:`follow` answers with no series. ``diagnose``: the
-    doctor follows the same state and its findings are served as ``vllm_probe_finding``
-    (:class:`~vllm_probe.analysis.doctor.LiveDiagnosis`).
+    starts); then either :meth:`attach` serves a :class:`~vllm_probe.analysis.follow.LiveRun`
+    that another consumer already pumps (``run --live --metrics-port``: the dashboard's,
+    so every line is read once into one state), or :meth:`follow` starts a LiveRun of its
+    own, pumped by a thread; :meth:`close` stops both. A scrape before either answers with
+    no series. ``diagnose``: the doctor follows the same state and its findings are served
+    as ``vllm_probe_finding`` (the LiveRun's :class:`~vllm_probe.analysis.doctor.LiveDiagnosis`).
 
     Raises (from the constructor):
         OSError: the address cannot be bound (in use, not allowed, unknown host).
     """
 
     def __init__(self, host: str, port: int = 0, *, poll_s: float = POLL_S, diagnose: bool = True) -> None:
-        # the doctor follows the same state; its findings are recomputed at most every
-        # FINDINGS_EVERY_S, on a scrape
-        self.diagnosis = LiveDiagnosis(FINDINGS_EVERY_S) if diagnose else None
-        self.state = RunState(step_window=0, finished_keep=0,  # no rolling views: totals only
-                              listener=self.diagnosis.episodes if self.diagnosis is not None else None)
-        self.stats = ReadStats()
-        self.lock = threading.Lock()
-        self.meta: dict = {}
-        self.incomplete = 0  # written by the follower thread; a scrape reads the int
+        self.diagnose = diagnose
+        self.live: LiveRun | None = None
         self.poll_s = poll_s
-        self.follower: Follower | None = None
-        self.collector = RunStateCollector(self.state, lock=self.lock, stats=self.stats,
-                                           incomplete_lines=lambda: self.incomplete, meta=lambda: self.meta,
+        self.collector = RunStateCollector(RunState(step_window=0, finished_keep=0), stats=ReadStats(),
+                                           incomplete_lines=self._incomplete, meta=self._meta,
                                            findings=self._findings if diagnose else None)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self.collector)
@@ -386,55 +383,71 @@ class MetricsServer:
         self._thread: threading.Thread | None = None
         self._failed = False
 
+    @property
+    def state(self) -> RunState:
+        """The state served (the LiveRun's once attached or following)."""
+        return self.collector.state
+
+    @property
+    def stats(self) -> ReadStats:
+        return self.collector.stats
+
+    @property
+    def meta(self) -> dict:
+        return self._meta()
+
+    def _meta(self) -> dict:
+        return self.live.meta if self.live is not None else {}
+
+    def _incomplete(self) -> int:
+        return self.live.incomplete if self.live is not None else 0
+
     def _findings(self, state: RunState) -> list:
-        meta = self.meta
-        assert self.diagnosis is not None  # passed to the collector only with a diagnosis
-        return self.diagnosis.findings(state, meta, finished=meta.get("end_time") is not None)
+        return self.live.findings() if self.live is not None else []
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
+    def attach(self, live: LiveRun) -> None:
+        """Serve ``live``'s state, which its owner pumps (no thread of ours, no second read)."""
+        collector = self.collector
+        with collector.lock:
+            self.live = live
+            collector.state, collector.stats, collector.lock = live.state, live.stats, live.lock
+
     def follow(self, run_dir: Path | str, *, background: bool = True) -> None:
         """Start following ``run_dir`` (files that appear later included) in a thread;
         ``background=False``: only set it up, the caller calls :meth:`pump`."""
-        self.follower = Follower(Path(run_dir), self.stats)
-        self.meta = read_meta(Path(run_dir))
+        self.attach(LiveRun(run_dir, step_window=0, finished_keep=0,  # no rolling views: totals only
+                            findings_every_s=FINDINGS_EVERY_S if self.diagnose else None))
         if background:
             self._thread = threading.Thread(target=self._run, name="vllm-probe-metrics", daemon=True)
             self._thread.start()
 
     @property
+    def follower(self) -> Follower | None:
+        """The Follower of the followed or attached run (None before either)."""
+        return self.live.follower if self.live is not None else None
+
+    @property
     def follower_thread(self) -> threading.Thread | None:
-        """The thread that follows the run directory (None before :meth:`follow`)."""
+        """The thread that follows the run directory (None before :meth:`follow`, and when
+        attached)."""
         return self._thread
 
     def pump(self, max_bytes: int | None = READ_CHUNK) -> int:
-        """Read what the files hold now (up to ``max_bytes`` per file) into the state;
-        returns the events read."""
-        if self.follower is None:
-            raise RuntimeError("pump() before follow()")
-        batch = self.follower.poll(max_bytes)
-        batch.sort(key=record_ts)  # several files of one engine rank (a restarted engine core) interleave
-        apply = self.state.apply
-        for i in range(0, len(batch), APPLY_SLICE):
-            with self.lock:
-                for ev in batch[i:i + APPLY_SLICE]:
-                    apply(ev)
-        self.incomplete = self.follower.pending_partial()  # after: a completed line is in the state
-        return len(batch)
+        """Read what the files hold now (up to ``max_bytes`` per file per look) into the
+        state; returns the events read."""
+        return self.live.pump(max_bytes=max_bytes)
 
     def _run(self) -> None:
-        assert self.follower is not None  # started by follow()
-        run_dir = self.follower.run_dir
-        meta_read = time.monotonic()
+        run_dir = self.live.run_dir
         while not self._stop.is_set():
             read = 0
             try:
-                if time.monotonic() - meta_read >= META_EVERY_S:
-                    self.meta, meta_read = read_meta(run_dir), time.monotonic()
-                read = self.pump()
+                read = self.live.pump(budget_s=self.poll_s, max_bytes=READ_CHUNK)
             except Exception as e:  # a bug of ours must not stop the metrics: one line, keep going
                 if not self._failed:
                     self._failed = True

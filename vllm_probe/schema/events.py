@@ -130,6 +130,7 @@ ENGINE_CONFIG = EventKind(
         Field("kv_cache_memory_bytes", "int", "bytes", "KV-cache size forced by `kv_cache_memory_bytes` (absent when not set).", True),
         Field("kv_block_bytes", "int", "bytes", "Device memory of one KV block across all layers (KV-cache tensors / `num_kv_blocks`).", True),
         Field("device_memory_bytes", "int", "bytes", "Total memory of the device `gpu_memory_utilization` is a share of, where vLLM's platform reports it without touching the device (CPU: the NUMA node; CUDA: NVML).", True),
+        Field("platform", "string", "-", "vLLM's platform the engine runs on (`current_platform`): `cpu`, `cuda`, `rocm`, `tpu`, `xpu`, … (what a remedy may ask of the engine depends on it: the CPU backend takes `gpu_memory_utilization` as a share of the NUMA node's memory).", True),
     ),
 )
 

@@ -189,9 +189,11 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
     sched_mean = sum(r.schedule_us_mean or 0.0 for r in sched) / len(sched) if sched else None
     sched_max = max((r.schedule_us_max or 0.0 for r in sched), default=None)
     stepping = state.stepping_s()  # the command's elapsed time also holds the engine's start
+    busy = state.busy_s()  # stepping without the idle gaps between bursts
     parts: list[Any] = [("elapsed ", "dim"), duration(elapsed), sep(),
                         (count(steps), "bold"), (" steps", "dim"),
-                        *([(" in ", "dim"), duration(stepping)] if stepping is not None else []), sep(),
+                        *([(" in ", "dim"), duration(stepping)] if stepping is not None else []),
+                        *([(", busy ", "dim"), duration(busy)] if busy is not None else []), sep(),
                         *_step_rate(step_rate, per_second(steps, stepping), finished=bool(end)), sep(),
                         ("schedule() ", "dim"), micros(sched_mean), (" mean, ", "dim"), micros(sched_max),
                         (" max", "dim")]
@@ -239,7 +241,7 @@ def current_panel(eng: EngineState, width: int) -> tuple[Panel, int]:
     ev = eng.latest or _NO_STEP
     cfg = eng.config or _NO_CONFIG
     scheduled = ev.scheduled_tokens or 0
-    budget = ev.token_budget or cfg.max_num_batched_tokens or 0
+    budget = eng.step_budget or 0
     pt, dt = ev.prefill_tokens, ev.decode_tokens
     inner = max(width - 4, 10)
     split = (f"{count(pt)} prefill + {count(dt)} decode = " if pt is not None and dt is not None else "")
@@ -288,13 +290,13 @@ def current_multi_panel(engines: list[EngineState], width: int) -> tuple[Panel, 
     for eng in engines:
         ev = eng.latest or _NO_STEP
         ws = eng.window_stats()
-        sched, budget = ev.scheduled_tokens or 0, ev.token_budget or 0
+        sched, budget = ev.scheduled_tokens or 0, eng.step_budget or 0
         bound = eng.window[-1].bound if eng.window else None
         t.add_row(str(eng.engine), count(ev.step),
                   Text.assemble(budget_bar(ev.prefill_tokens, ev.decode_tokens, sched, budget, bar_w),
                                 f" {count(sched)}/{count(budget)}"),
                   count(ev.prefill_tokens), count(ev.decode_tokens), count(ev.running),
-                  count(ev.waiting), pct(ev.kv_usage), count(eng.preemptions),
+                  count(ev.waiting), pct(ev.kv_usage), count(eng.preemptions_total),
                   f"{ws.step_rate:.1f}" if ws.step_rate else UNKNOWN,
                   LIMIT_LABEL.get(bound, UNKNOWN) if bound else UNKNOWN)
     return Panel(t, title=f"current step · {len(engines)} engine cores (data-parallel ranks)",
@@ -347,7 +349,7 @@ def chart_panel(engines: list[EngineState], width: int, rows: int, chart_steps: 
 def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: bool,
                  max_rows: int = PREEMPT_ROWS) -> tuple[Panel, int]:
     """Preemption panel of at most ``rows`` lines (borders included)."""
-    total = sum(e.preemptions for e in engines)
+    total = sum(e.preemptions_total for e in engines)
     discarded = sum(e.discarded_tokens for e in engines)
     recomputed = sum(e.recomputed_tokens for e in engines)
     ws = [e.window_stats() for e in engines]
@@ -357,7 +359,7 @@ def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: 
     summary = line(("total ", "dim"), (count(total), PREEMPT_STYLE if total else "bold"), sep(),
                     (f"{in_window} in the last {wsteps} steps", ""), (f" ({rate:.2f}/s)", "dim"))
     work = line(("discarded ", "dim"), (f"{count(discarded)} tok", "bold"), sep(),
-                 ("recomputed so far ", "dim"), (f"{count(recomputed)} tok", "bold"))
+                 ("recomputed ", "dim"), (f"{count(recomputed)} tok", "bold"))
     items: list[RenderableType] = [summary, work]
     height = 4
     readmitted = sum(e.resumed_passes for e in engines)
@@ -519,7 +521,7 @@ def compact_view(state: RunState, engines: list[EngineState], stats: ReadStats |
     lines: list[Text] = [line(("vllm-probe ", "bold"), (view.status, view.status_style))]
     for eng in engines:
         ev = eng.latest or _NO_STEP
-        sched, budget = ev.scheduled_tokens or 0, ev.token_budget or 0
+        sched, budget = ev.scheduled_tokens or 0, eng.step_budget or 0
         prefix = f"dp{eng.engine} " if len(engines) > 1 else ""
         lines.append(line((prefix, "bold"), ("step ", "dim"), (count(ev.step), "bold"), " ",
                            (f"{count(sched)}/{count(budget)} tok", "bold"),

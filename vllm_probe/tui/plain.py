@@ -70,7 +70,7 @@ class PlainFormatter:
     def _step(self, ev: Any) -> str:
         preempted = len(ev.preempted or ())
         eng = self.state.engines[ev.engine]
-        sched, budget = ev.scheduled_tokens or 0, ev.token_budget
+        sched, budget = ev.scheduled_tokens or 0, eng.step_budget
         hits = (f"hit {eng.prefix_hits_in_step(ev.step)} tok | "
                 if eng.config is not None and eng.config.prefix_caching else "")
         return (f"{self._t(ev.ts)} step{self._engine(ev)} {_v(ev.step)} | {sched}/{_v(budget or None)} tok "
@@ -80,7 +80,7 @@ class PlainFormatter:
                 f"run {_v(ev.running)} wait {_v(ev.waiting)}"
                 + (f" (head: {_reason(ev.head_blocked_by)})" if ev.head_blocked_by else "")
                 + f" | kv {_pct(ev.kv_usage)} free {_v(ev.free_blocks)} blk | "
-                f"{hits}preempted {preempted} (total {eng.step_preemptions})")
+                f"{hits}preempted {preempted} (total {eng.preemptions_total})")
 
     def _preempt(self, ev: Any) -> str:
         reason = ev.reason

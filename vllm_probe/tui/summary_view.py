@@ -12,7 +12,7 @@ from rich.console import Group, JustifyMethod
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.expected import DIFFERS, MATCHES, NOT_V1
+from ..analysis.expected import DIFFERS, MATCHES, NOT_V1, UNKNOWN as NOT_AN_ARG
 from ..analysis.figures import Distribution
 from ..analysis.summary import LatencyClass, LatencyClasses, Summary
 from .format import UNKNOWN, count, figure, kv_capacity_compact, pct, prompt_class, share_of, triple
@@ -33,8 +33,8 @@ def _dist_row(t: Table, label: str, d: Distribution, unit: str) -> None:
 
 
 #: How each status of a settings check reads, and its style.
-_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"),
-               NOT_V1: ("not in vLLM V1", "dim")}
+_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"), NOT_V1: ("not in vLLM V1", "dim"),
+               NOT_AN_ARG: ("unknown", "bold red")}
 
 
 def expected_table(s: Summary) -> Table | None:
@@ -44,9 +44,12 @@ def expected_table(s: Summary) -> Table | None:
         return None
     checks = s.expected["checks"]
     differs = sum(1 for c in checks if c["status"] == DIFFERS)
+    unknown = sum(1 for c in checks if c["status"] == NOT_AN_ARG)  # misspelt: vLLM never saw them
+    said = ([f"{differs} differ"] if differs else []) + (
+        [f"{unknown} not an engine argument of vLLM"] if unknown else [])
     title = f"Settings file {s.expected.get('source')} vs this run" + (
-        f": {differs} differ" if differs else ": no difference")
-    t = Table(title=title, title_justify="left", title_style="bold underline" + (" yellow" if differs else ""),
+        f": {', '.join(said)}" if said else ": no difference")
+    t = Table(title=title, title_justify="left", title_style="bold underline" + (" yellow" if said else ""),
               box=None, pad_edge=False, padding=(0, 2))
     columns: tuple[tuple[str, JustifyMethod], ...] = (("setting", "left"), ("file", "right"), ("this run", "right"),
                                                     ("", "left"))
@@ -119,11 +122,10 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
 
     run = _kv("Run", [
         ("steps", figure(s.steps)),
-        ("duration", figure(s.duration_s, "s")),
-        ("requests finished", count(s.requests_finished)
-         + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
+        ("duration · busy", f"{figure(s.duration_s, 's')} · {figure(s.busy_s, 's')}"),
+        ("requests finished", count(s.requests_finished) + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
         ("prompt · output tokens", f"{count(s.prompt_tokens)} · {count(s.output_tokens)}"),
-        ("output tokens/s", figure(s.output_tokens_per_s)),
+        ("output tokens/s · per busy s", f"{figure(s.output_tokens_per_s)} · {figure(s.output_tokens_per_busy_s)}"),
         ("bound most by", f"{s.bound_most} ({figure(s.bound_by.get(s.bound_most), '%')})" if s.bound_most else UNKNOWN),
     ])
     kv_cap = c.get("kv_capacity_tokens")
@@ -150,7 +152,7 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     pre = _kv("Preemptions · chunking", [
         ("preemptions (requests)", f"{count(p.count)} ({count(p.requests)})"),
         # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
-        ("discarded (wasted) · re-prefilled tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
+        ("discarded (wasted) · recomputed tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
         ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else UNKNOWN),
         ("per step max · steps with >1", f"{count(p.max_per_step)} · {count(p.steps_with_several)}"
          + (f" of {count(p.steps_with_preemptions)}" if p.steps_with_preemptions else "")),

@@ -29,12 +29,11 @@ from rich.text import Text
 from ..runs.launcher import (
     GRACE_S, LOG_TAIL_LINES, SupervisedRun, count_events, print_failure_hint, read_log_tail,
 )
-from ..runs.reader import Follower, ReadStats, iter_run, record_ts
+from ..runs.reader import iter_run
 from ..runs.rundir import read_meta
 from ..settings import Settings
-from ..analysis.doctor import LiveDiagnosis
 from ..analysis.episodes import notable_moments
-from ..analysis.state import RunState
+from ..analysis.follow import LiveRun
 from .dashboard import View
 from .format import duration
 from .layout import render_dashboard
@@ -54,6 +53,11 @@ FINDINGS_EVERY_S = 1.0
 class Watcher:
     """A run directory read into a :class:`RunState`, shown as a dashboard or plain lines.
 
+    The reading is :class:`~vllm_probe.analysis.follow.LiveRun`'s (one Follower, one
+    state, one live doctor): the dashboard and the ``--plain`` lines subscribe to it, and
+    so may the metrics server of ``run --live --metrics-port``
+    (:meth:`vllm_probe.exporters.prometheus.MetricsServer.attach`).
+
     Args:
         run_dir: the run directory.
         plain_out: write ``--plain`` lines here as events arrive (None: dashboard only).
@@ -64,30 +68,51 @@ class Watcher:
     def __init__(self, run_dir: Path, *, plain_out: IO[str] | None = None, engine: int | None = None,
                  chart_steps: int | None = None) -> None:
         self.run_dir = Path(run_dir)
-        self.stats = ReadStats()
-        self.diagnosis = LiveDiagnosis(FINDINGS_EVERY_S)  # its episodes: the findings' and the notable moments'
+        self.live = LiveRun(self.run_dir, step_window=max(chart_steps or 0, 600), engine=engine,
+                            findings_every_s=FINDINGS_EVERY_S)
+        self.stats = self.live.stats
+        self.diagnosis = self.live.diagnosis  # its episodes: the findings' and the notable moments'
         self.episodes = self.diagnosis.episodes
-        self.state = RunState(step_window=max(chart_steps or 0, 600), listener=self.episodes)
-        self.follower = Follower(self.run_dir, self.stats)
+        self.state = self.live.state
+        self.follower = self.live.follower
         self.formatter = PlainFormatter(self.state) if plain_out is not None else None
         self.out = plain_out
         self.engine = engine
         self.chart_steps = chart_steps
-        self.finished = False  # the run has ended: a partial last line is a truncated one
-        self.behind = False  # the last pump stopped on its time budget with data left
         self.quiet = False  # apply events without printing plain lines (a replay's fast-forward)
         self._moments: list | None = None
+        if self.formatter is not None:
+            self.live.subscribe(self._plain_line)
 
-    def apply(self, ev) -> None:
-        """Apply one record (:mod:`vllm_probe.schema.records`) to the state and print its
-        plain line (if any)."""
-        if self.engine is not None and ev.engine != self.engine:
-            return
-        self.state.apply(ev)
-        if self.formatter is not None and self.out is not None and not self.quiet:
+    @property
+    def finished(self) -> bool:
+        """The run has ended: a partial last line is a truncated one."""
+        return self.live.finished
+
+    @finished.setter
+    def finished(self, value: bool) -> None:
+        self.live.finished = value
+
+    @property
+    def behind(self) -> bool:
+        """The last pump stopped on its time budget with data left."""
+        return self.live.behind
+
+    def _plain_line(self, ev) -> None:
+        if not self.quiet:
             line = self.formatter.format(ev)
             if line is not None:
                 self.out.write(line + "\n")
+
+    def apply(self, ev) -> None:
+        """Apply one record (:mod:`vllm_probe.schema.records`) to the state and print its
+        plain line (if any): a replay's records, which come from :func:`iter_run`, not the
+        follower."""
+        if self.engine is not None and ev.engine != self.engine:
+            return
+        self.state.apply(ev)
+        if self.formatter is not None:
+            self._plain_line(ev)
 
     def pump(self, budget_s: float | None = None) -> int:
         """Read what the files hold now (in chunks), apply it; returns events read.
@@ -95,20 +120,7 @@ class Watcher:
         Stops after ``budget_s`` seconds so that a large backlog does not freeze the
         screen (the next call continues).
         """
-        start = time.monotonic()
-        total = 0
-        self.behind = False
-        while True:
-            batch = self.follower.poll(READ_CHUNK)
-            if not batch:
-                break
-            batch.sort(key=record_ts)  # files of several engine cores interleave
-            for ev in batch:
-                self.apply(ev)
-            total += len(batch)
-            if budget_s is not None and time.monotonic() - start > budget_s:
-                self.behind = True
-                break
+        total = self.live.pump(budget_s, READ_CHUNK)
         if self.out is not None and total:
             self.out.flush()
         return total
@@ -121,7 +133,7 @@ class Watcher:
     def story(self, meta: dict, finished: bool) -> tuple[list, list]:
         """The doctor's findings on the state so far (:class:`LiveDiagnosis`: at most every
         :data:`FINDINGS_EVERY_S` while live), and once finished the notable moments."""
-        findings = self.diagnosis.findings(self.state, meta, finished)
+        findings = self.live.findings(meta, finished)
         if not finished:
             return findings, []
         if self._moments is None:
@@ -299,7 +311,8 @@ def replay(run_dir: Path, speed: float = 1.0, *, plain: bool = False, refresh_hz
 
 def run_live(command: list[str], settings: Settings, out: Path | str | None = None, *,
              grace_s: float = GRACE_S, refresh_hz: float = REFRESH_HZ, console: Console | None = None,
-             on_start: Callable[[Path], None] | None = None) -> int:
+             on_start: Callable[[Path], None] | None = None,
+             on_live: Callable[[LiveRun], None] | None = None) -> int:
     """``vllm-probe run --live``: run ``command`` with the probe, dashboard in this terminal.
 
     The command's stdout and stderr go to ``command.log`` in the run directory. Ctrl-C
@@ -308,7 +321,10 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
     of its log are printed. The run directory is completed (``meta.json`` with end time
     and exit code) in every case. Returns the command's exit code (128+N when killed
     by signal N). When stdout is not a terminal, ``--plain`` lines are printed instead.
-    ``on_start``: as :func:`vllm_probe.runs.launcher.run_foreground`'s.
+    ``on_start``: as :func:`vllm_probe.runs.launcher.run_foreground`'s. ``on_live(live)``:
+    called with the dashboard's :class:`~vllm_probe.analysis.follow.LiveRun` before the
+    first read, for other consumers of the same state (``--metrics-port``'s server
+    attaches there: one read, one state).
 
     Raises:
         LaunchError, RunDirError: as :class:`vllm_probe.runs.launcher.SupervisedRun`.
@@ -318,6 +334,8 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
     run = SupervisedRun(command, settings, Path(out) if out is not None else None, grace_s, on_start)
     print(f"vllm-probe: events -> {run.run_dir}  (command output -> {run.log_path})", file=sys.stderr, flush=True)
     watcher = Watcher(run.run_dir, plain_out=sys.stdout if plain else None)
+    if on_live is not None:
+        on_live(watcher.live)
     shown_meta = dict(run.meta)  # what the header shows; gets the end time when the command ends
 
     def make(width: int, height: int | None) -> RenderableType:
@@ -353,7 +371,7 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
         except Exception as e:  # the dashboard failed: the command must still end properly
             print(f"vllm-probe: live view stopped ({type(e).__name__}: {e}); waiting for the command",
                   file=sys.stderr, flush=True)
-            code = run.wait()
+            code = _keep_following(run, watcher) if on_live is not None else run.wait()
     if code != 0:
         tail = read_log_tail(run.log_path, LOG_TAIL_LINES)
         err = Console(stderr=True)
@@ -364,6 +382,20 @@ def run_live(command: list[str], settings: Settings, out: Path | str | None = No
     print(f"vllm-probe: {counts.describe()} in {run.run_dir}", file=sys.stderr, flush=True)
     print_failure_hint(run.run_dir, command, code, run.log_path)
     return code
+
+
+def _keep_following(run: SupervisedRun, watcher: Watcher) -> int:
+    """Without a screen, keep reading for the other consumers of the LiveRun until the
+    command ends; returns its exit code."""
+    watcher.quiet = True  # no more plain lines
+    while run.exit_code is None:
+        try:
+            watcher.live.pump(budget_s=0.2)
+        except Exception:  # the reading itself fails: the command must still end properly
+            break
+        run.stopper.tick()
+        time.sleep(POLL_S)
+    return run.wait()
 
 
 def _drain(watcher: Watcher, quiet_s: float = 0.3, max_s: float = 3.0) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from collections.abc import Callable
 
 from ..episodes import SHORT_PROMPT_SHARE, EngineEpisodes, Wait
-from ..expected import DIFFERS, NOT_RECORDED, NOT_V1
+from ..expected import DIFFERS, NOT_RECORDED, NOT_V1, UNKNOWN
 from ..figures import Distribution, budget_use_counts
 from .context import (
     SRC_ASYNC, SRC_SEED_5, SRC_SEED_34, SRC_VLLM_CHUNKED, Context, cdiv, engine_evidence, engines_of, fmt_count,
@@ -375,22 +375,35 @@ def config_not_applied(ctx: Context) -> list[Finding]:
         return []
     differs = [c for c in ctx.expected if c.status == DIFFERS]
     unrecorded = [c for c in ctx.expected if c.status == NOT_RECORDED]
-    if not differs:
+    unknown = [c for c in ctx.expected if c.status == UNKNOWN]  # misspelt: vLLM never saw them (issue 17 item 7)
+    if not differs and not unknown:
         return []
     src = ctx.expected_source or "the expected settings"
     parts = [f"{c.setting} {_v(c.expected)} expected, {_v(c.effective)} in force" for c in differs]
-    msg = (f"{len(differs)} setting{'s' if len(differs) != 1 else ''} of {src} did not take effect: " + "; ".join(parts)
-           + " (command-line flags and engine arguments win over config files)")
-    first = differs[0]
-    whatif = {_WHATIF_NAME.get(c.setting, c.setting): c.expected for c in differs if c.setting in _WHATIF_NAME}
-    return [Finding("config-not-applied", WARNING, msg, {
+    parts += [f"{c.setting} is not an engine argument of vLLM"
+              + (f" (did you mean {c.suggestion}?)" if c.suggestion else "") for c in unknown]
+    n = len(differs) + len(unknown)
+    msg = (f"{n} setting{'s' if n != 1 else ''} of {src} did not take effect: " + "; ".join(parts)
+           + (" (command-line flags and engine arguments win over config files)" if differs else ""))
+    # what the file meant: a misspelt name read as its closest engine argument
+    meant = [(c.setting, c.expected) for c in differs] + [(c.suggestion, c.expected) for c in unknown if c.suggestion]
+    whatif = {_WHATIF_NAME[name]: value for name, value in meant if name in _WHATIF_NAME}
+    evidence = {
         "source": src, "differs": [{"setting": c.setting, "expected": c.expected, "effective": c.effective} for c in differs],
         "not_recorded": [c.setting for c in unrecorded],
-        "not_in_v1": [{"setting": c.setting, "note": c.note} for c in ctx.expected if c.status == NOT_V1]},
-        Remedy(first.setting, first.expected,
-               "pass " + ", ".join(f"--{c.setting.replace('_', '-')} {_arg(c.expected)}" for c in differs)
-               + " on the command line (or in the engine arguments the server reads)",
-               "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif))]
+        "not_in_v1": [{"setting": c.setting, "note": c.note} for c in ctx.expected if c.status == NOT_V1]}
+    if unknown:
+        evidence["unknown"] = [{"setting": c.setting, "expected": c.expected, "did_you_mean": c.suggestion}
+                               for c in unknown]
+    remedy = None
+    if meant:
+        remedy = Remedy(meant[0][0], meant[0][1],
+                        "pass " + ", ".join(f"--{name.replace('_', '-')} {_arg(value)}" for name, value in meant)
+                        + " on the command line (or in the engine arguments the server reads)"
+                        + (f"; in {src}, spell " + ", ".join(f"{c.suggestion} (not {c.setting})" for c in unknown
+                                                          if c.suggestion) if any(c.suggestion for c in unknown) else ""),
+                        "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif)
+    return [Finding("config-not-applied", WARNING, msg, evidence, remedy)]
 
 
 #: vLLM engine argument -> ``vllm-probe whatif --set`` name.
