@@ -30,7 +30,7 @@ __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding"
 
 #: Findings that say the scheduler held requests back (``underloaded`` is dropped beside them).
 HELD_BACK = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
-             "budget-bound")
+             "budget-bound", "held-slots")
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,43 @@ class StallEvidence(Evidence, kw_only=True):
     stalls: list[list[int]]
 
 
+class HeldSlotsEvidence(Evidence, kw_only=True):
+    """``held-slots``: under AsyncScheduler, requests waited while running slots were held by
+    requests that had already produced their last token.
+
+    Attributes:
+        held_steps: steps after which requests waited with the running queue at max_num_seqs and some of its requests scheduling nothing (their last token in flight).
+        waiting_steps: steps of the async engine core after which requests waited.
+        share_of_waiting_steps: held_steps / waiting_steps (0..1).
+        held_slot_steps: held slots summed over the held steps (slot-steps).
+        held_max: most slots held in one step.
+        step_range: the first and last held step, ``[first, last]``.
+        max_num_seqs: the engine's max_num_seqs.
+        running_max: most requests running in a held step.
+        waiting_max: most requests waiting after a held step.
+        tokens_min: fewest tokens a held step scheduled.
+        tokens_max: most tokens a held step scheduled.
+        tokens_mean: mean tokens a held step scheduled.
+        head_blocked_by: held steps per head_blocked_by reason (``unrecorded``: the run has no such field).
+        scheduler_class: the scheduler class engine_config recorded.
+    """
+
+    held_steps: int
+    waiting_steps: int
+    share_of_waiting_steps: float
+    held_slot_steps: int
+    held_max: int
+    step_range: list[int]
+    max_num_seqs: int | None
+    running_max: int
+    waiting_max: int
+    tokens_min: int
+    tokens_max: int
+    tokens_mean: float
+    head_blocked_by: dict[str, int]
+    scheduler_class: str | None
+
+
 class ChunkingEvidence(Evidence, kw_only=True):
     """``chunking-without-benefit``: long prompts chunked with nothing decoding beside them.
 

@@ -37,7 +37,8 @@ from .context import (
     wrote,
 )
 from .evidence import (
-    BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HolBlocked, HolEvidence, HolTaker, NotCheckedEvidence,
+    BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
+    NotCheckedEvidence,
     NotInV1, SettingDiffers, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
     field_docs,
 )
@@ -86,6 +87,12 @@ HOL_TAKERS_SHOWN = 8
 STALL_MIN_STEPS = 3
 #: ... critical when the log ends inside a stall at least this long (the queue never drained).
 STALL_CRITICAL_STEPS = 50
+#: held-slots: at least this many held steps (an async step whose full running queue holds
+#: slots for requests whose last token is in flight while requests wait) ...
+HELD_MIN_STEPS = 3
+#: ... and at least this share of the async engine's steps with requests waiting (below it
+#: the held slots are incidental: a finished request frees its slot one step later anyway).
+HELD_MIN_SHARE = 0.2
 #: chunking-without-benefit is a warning when the steps chunking added are at least this
 #: share of the run (else info).
 CHUNK_ALONE_WARN_SHARE = 0.05
@@ -337,6 +344,8 @@ def stall(ctx: Context) -> list[Finding]:
         never = (not ctx.live and open_stall is not None and open_stall.last_step == eng.last_step
                  and open_stall.steps >= STALL_CRITICAL_STEPS)
         cause_reason = max(reasons, key=reasons.get) if reasons else None
+        if cause_reason == "deferred" and _held_fires(ep):
+            continue  # held-slots names the mechanism (0-token steps are one machine's shape of it)
         head, head_len = (first.head, first.head_prompt_len) if first is not None else (None, None)
         basis: tuple = ()
         if open_stall is not None and open_stall.head:
@@ -388,6 +397,85 @@ def stall_remedy(ctx: Context, f: Finding) -> Remedy | None:
         f"vLLM rejects such prompts at once", "more KV blocks take device memory",
         "vLLM issue #39734: a request that fits max_model_len but never the KV cache stalls the queue",
         whatif={"num_kv_blocks": need + 1})
+
+
+def _held_fires(ep: EngineEpisodes) -> bool:
+    """Whether held-slots' thresholds are met on this engine core."""
+    h = ep.held
+    return h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
+
+
+def held_slots(ctx: Context) -> list[Finding]:
+    """Under AsyncScheduler: requests wait while running slots are held by requests whose
+    last token is in flight (:class:`~vllm_probe.analysis.episodes.HeldSlots`)."""
+    out = []
+    for eng, ep in engines_of(ctx):
+        h = ep.held
+        if not wrote(eng, "log_schedule_each_step"):
+            continue  # not-checked names the step rules
+        if not _held_fires(ep):
+            continue
+        cfg = eng.config
+        share = h.steps / h.waiting_steps
+        mean = h.tokens_sum / h.steps
+        msg = (f"Under async scheduling, in {fmt_count(h.steps)} of {fmt_count(h.waiting_steps)} steps "
+               f"({fmt_pct(share)}) with requests waiting, the running queue was full ({h.running_max} of max_num_seqs "
+               f"{cfg.max_num_seqs}) while up to {h.held_max} of its slots were held by requests whose last token was "
+               f"in flight: a finished request frees its slot one step later, so up to {fmt_count(h.waiting_max)} "
+               f"waited (steps {h.first_step}-{h.last_step}; the held steps scheduled {fmt_count(h.tokens_min)} to "
+               f"{fmt_count(h.tokens_max)} tokens)")
+        out.append(Finding("held-slots", WARNING, msg, HeldSlotsEvidence(
+            engine=engine_of(ctx, eng), held_steps=h.steps, waiting_steps=h.waiting_steps,
+            share_of_waiting_steps=round(share, 4), held_slot_steps=h.slot_steps, held_max=h.held_max,
+            step_range=[h.first_step, h.last_step], max_num_seqs=cfg.max_num_seqs, running_max=h.running_max,
+            waiting_max=h.waiting_max, tokens_min=h.tokens_min, tokens_max=h.tokens_max, tokens_mean=round(mean, 2),
+            head_blocked_by=dict(h.reasons), scheduler_class=cfg.scheduler_class), basis=(eng, ep)))
+    return out
+
+
+def held_slots_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """``async_scheduling`` off; or ``max_num_seqs`` up by the most slots held, within what
+    the KV cache holds at full length."""
+    e: HeldSlotsEvidence = f.evidence
+    eng, ep = f.basis
+    cfg = eng.config
+    alternatives = []
+    seqs = cfg.max_num_seqs or 0
+    want = seqs + e.held_max
+    cap = _seqs_cap(eng, ep)
+    if cap is not None:
+        want = min(want, cap)
+    if want > seqs:
+        alternatives.append({
+            "setting": "max_num_seqs", "value": want, "whatif": {"max_num_seqs": want},
+            "arithmetic": f"max_num_seqs {seqs} + the {e.held_max} slots held at most = {seqs + e.held_max}"
+                          + (f", at most the {cap} requests the KV cache holds at full length" if cap is not None
+                             and cap < seqs + e.held_max else "")
+                          + ": the held slots no longer fill the running queue"})
+    return Remedy(
+        "async_scheduling", False,
+        f"{fmt_count(e.held_slot_steps)} slot-steps held in {fmt_count(e.held_steps)} steps by requests whose last "
+        f"token was in flight; without async scheduling a finished request leaves the running queue before the next "
+        f"step is scheduled (vLLM 0.32 scheduler.py:2294-2295 runs before schedule())",
+        "without async scheduling the next step is not prepared while the model runs this one (higher inter-token "
+        "latency on a GPU)", SRC_ASYNC, whatif={"async_scheduling": False}, alternatives=alternatives)
+
+
+def _seqs_cap(eng: Any, ep: EngineEpisodes) -> int | None:
+    """The requests the KV cache holds at once at full length (prompt + max_tokens): usable
+    blocks // the largest request's blocks at full length; None when unknown."""
+    cfg = eng.config
+    if cfg is None or not cfg.num_kv_blocks or not ep.full_blocks_max:
+        return None
+    return max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1)
+
+
+def view_held(f: Finding) -> list[str]:
+    e: HeldSlotsEvidence = f.evidence
+    return [f"held steps {_steps(e.step_range)} · slots held max {e.held_max} ({fmt_count(e.held_slot_steps)} slot-steps) · "
+            f"running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max {e.waiting_max}",
+            f"tokens per held step {fmt_count(e.tokens_min)}–{fmt_count(e.tokens_max)} (mean {e.tokens_mean:,.0f}) · "
+            f"head blocked by {_reasons(e.head_blocked_by)} · {e.scheduler_class or 'scheduler not recorded'}"]
 
 
 def chunking_without_benefit(ctx: Context) -> list[Finding]:
@@ -673,7 +761,16 @@ def long_prefill_candidates(settings: dict[str, Any], finding: Finding) -> list[
 
 
 KNOB_SEQS_DOWN = Knob("max_num_seqs", "down", scaled("max_num_seqs", (0.75, 0.5, 0.25, 0.125)))
-KNOB_SEQS_UP = Knob("max_num_seqs", "up", scaled("max_num_seqs", (1.5, 2, 3, 4)))
+def seqs_up_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
+    """``max_num_seqs`` × 1.5, 2, 3, 4, never above what the KV cache holds at full length
+    (advice converges: a storm's remedy lowered it to that)."""
+    values = scaled("max_num_seqs", (1.5, 2, 3, 4))(settings, finding)
+    basis = finding.basis
+    cap = _seqs_cap(basis[0], basis[1]) if isinstance(basis, tuple) and len(basis) >= 2 else None
+    return [v for v in values if cap is None or v <= cap]
+
+
+KNOB_SEQS_UP = Knob("max_num_seqs", "up", seqs_up_candidates)
 KNOB_BLOCKS_UP = Knob("num_kv_blocks", "up", scaled("num_kv_blocks", (1.25, 1.5, 2, 3, 4)))
 KNOB_BUDGET_UP = Knob("max_num_batched_tokens", "up",
                       scaled("max_num_batched_tokens", (1.5, 2, 4, 8), hi_factor=BUDGET_MAX_FACTOR))
@@ -816,6 +913,24 @@ CATALOGUE: tuple[Rule, ...] = (
         knobs=(KNOB_BUDGET_UP,),
         arithmetic=budget_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range),
         severity=(INFO,)),
+    Rule(
+        "held-slots",
+        "Under AsyncScheduler the next step is scheduled before the previous step's output is "
+        "processed. A running request whose in-flight tokens already reach its max_tokens is "
+        "skipped (vLLM 0.32 scheduler.py:663-678, num_output_placeholders) but stays in "
+        "self.running until update_from_output removes it (:2294-2295), one step later; while "
+        "it does, it holds one of max_num_seqs slots and the WAITING loop stops at "
+        "num_running >= max_num_active_reqs (:921-924). With short outputs many slots are held "
+        "at once: steps of 0/4,096 tokens on a busy machine, 3,840/256 on a quiet one "
+        "(design.md §7, vLLM #45257).",
+        held_slots,
+        HeldSlotsEvidence,
+        (_t("HELD_MIN_STEPS", "steps", "held steps: at least a few, not one finishing request"),
+         _t("HELD_MIN_SHARE", "share of the async steps with requests waiting",
+            "below it a finished request's one-step hold is incidental")),
+        goal=lambda f: Goal("held_slot_steps", reduce_by=0.9),
+        knobs=(KNOB_ASYNC_OFF, KNOB_SEQS_UP),
+        arithmetic=held_slots_remedy, view=view_held, step=lambda f: _first_of(f.evidence.step_range)),
     Rule(
         "config-not-applied",
         "The engine ran with settings other than the file meant: command-line flags and engine "
