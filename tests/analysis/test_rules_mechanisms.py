@@ -94,3 +94,100 @@ def test_held_slots_needs_a_few_steps():
     """2 held steps (HELD_MIN_STEPS 3) are a finishing request's one-step hold, not a finding."""
     assert "held-slots" not in _found(_held_stream("busy", 0.001, pairs=2))
     assert "held-slots" in _found(_held_stream("busy", 0.001, pairs=3))
+
+
+# -- preemptions ------------------------------------------------------------------------------------
+
+ONLY_PREEMPT = {"log_schedule_each_step": False, "log_preempt_events": True, "log_chunk_boundaries": False,
+                "log_request_events": False}
+
+
+def _preempt_only(dt: float) -> Stream:
+    """Only preempt events (settings with just log_preempt_events on): B preempted 3 times,
+    C once, ``dt`` seconds per step."""
+    s = Stream()
+    s.config(10.0, budget=512, max_num_seqs=8, flags=ONLY_PREEMPT)
+    for i, (step, rid, n) in enumerate(((5, "B", 1), (9, "C", 1), (12, "B", 2), (20, "B", 3))):
+        s.preempt(11.0 + step * dt, step, rid, 300 + 10 * i, 300, 10 * i, n, running=3, waiting=1)
+    return s
+
+
+def test_preemption_rules_work_from_preempt_events_alone():
+    """Issue 17 item 7: 4 preemptions with only preempt events read "nothing held this run
+    back"; the storm is judged on the count, thrash on the request preempted 3 times, and the
+    rules that need steps are listed as not checked."""
+    fast, slow = (_found(_preempt_only(dt)) for dt in STEP_TIMES)
+    for fid in ("preemption-storm", "preemption-thrash", "not-checked"):
+        _same(fast[fid], slow[fid])
+    storm = fast["preemption-storm"].to_dict()
+    assert storm["evidence"]["preemptions"] == 4 and storm["evidence"]["requests"] == 2
+    assert storm["evidence"]["discarded_tokens"] == 300 + 310 + 320 + 330
+    assert storm["evidence"]["judged_on_count"] is True and storm["evidence"]["per_100_steps"] is None
+    assert storm["message"].startswith("4 preemptions (2 requests) threw away 1,260 computed tokens; the first at step 5")
+    thrash = fast["preemption-thrash"].to_dict()["evidence"]
+    assert thrash["requests"][0]["req_id"] == "B" and thrash["requests"][0]["steps"] == [5, 12, 20]
+    rules = fast["not-checked"].to_dict()["evidence"]["rules"]
+    assert {"held-slots", "kv-bound", "stall", "head-of-line-blocking"} <= set(rules)
+
+
+def _storm_with_cache(dt: float) -> Stream:
+    """A 1,000-token prefill, then V0 and V1 (100-token prompts) preempted at steps 1 and 2;
+    both readmitted at step 3, V0's re-prefill 60 tokens from the prefix cache and 40
+    recomputed, V1's 100 recomputed; 100 steps in all, ``dt`` seconds each."""
+    s = Stream()
+    s.config(10.0, budget=1024, max_num_seqs=8)
+    t = lambda n: 11.0 + n * dt  # noqa: E731
+    for rid, plen in (("A", 1000), ("V0", 100), ("V1", 100)):
+        s.added(10.5, rid, plen, 8, arrival=10.5)
+    s.chunk(t(0) - dt / 2, 0, "A", 0, 0, 1000, 1000, last=True)
+    s.step(t(0), 0, 1024, prefill=1000, running=3, waiting=0)
+    for n, rid in ((1, "V0"), (2, "V1")):
+        s.preempt(t(n) - dt / 2, n, rid, 100, 100, 0, 1, running=2, waiting=1)
+        s.step(t(n), n, 1024, decode=1, running=2, waiting=1, preempted=[rid])
+    s.chunk(t(3) - dt / 2, 3, "V0", 0, 60, 100, 100, last=True, resumed=True)["prefix_hit_tokens"] = 60
+    s.chunk(t(3) - dt / 2, 3, "V1", 0, 0, 100, 100, last=True, resumed=True)
+    s.step(t(3), 3, 1024, prefill=140, decode=1, running=3, waiting=0)
+    for n in range(4, 100):
+        s.step(t(n), n, 1024, decode=3, running=3, waiting=0)
+    return s
+
+
+def test_storm_says_which_re_prefills_came_from_the_prefix_cache():
+    fast, slow = (_found(_storm_with_cache(dt)) for dt in STEP_TIMES)
+    _same(fast["preemption-storm"], slow["preemption-storm"])
+    f = fast["preemption-storm"].to_dict()
+    assert (f["evidence"]["readmitted_prefix_hit_tokens"], f["evidence"]["recomputed_tokens"]) == (60, 140)
+    assert f["evidence"]["per_100_steps"] == 2.0 and "victim_priorities" not in f["evidence"]
+    assert "recomputed 140 tokens and took 60 from the prefix cache" in f["message"]
+
+
+# -- advice converges: seqs-bound never asks for more slots than the cache holds at full length ---
+
+
+def _seqs_bound(blocks: int, dt_steps: int = 1):
+    """max_num_seqs 4; 14 requests of 1,536 + 256 tokens (14 blocks of 128 at full length);
+    4 admitted, then 40 steps with the running queue full, 10 waiting, KV 30 % used."""
+    from tests.test_doctor_rules import Run
+
+    r = Run(budget=8192, seqs=4, blocks=blocks)
+    for i in range(14):
+        r.add(f"R{i}", 1536, 256)
+    for i in range(4):
+        r.chunk(f"R{i}", 0, 0, 1536, 1536, last=True)
+    r.step(prefill=4 * 1536, running=4, waiting=10, blocked="max_num_seqs", kv=0.3)
+    r.step(decode=4, running=4, waiting=10, blocked="max_num_seqs", kv=0.3, times=39)
+    return {f.id: f for f in r.analyze()[2]}
+
+
+def test_seqs_bound_stays_within_what_the_cache_holds_at_full_length():
+    # 127 usable blocks hold 127 // 14 = 9 such requests: 4 + min(88.9 // 14 = 6, 10 waiting) = 10 is capped at 9
+    f = _seqs_bound(128)["seqs-bound"]
+    assert (f.remedy.setting, f.remedy.value) == ("max_num_seqs", 9)
+    assert "(at most 9: the cache holds 9 of the largest requests, 14 blocks each, at full length)" in f.remedy.arithmetic
+    # the storm remedy's max_num_seqs 63 // 14 = 4 applied: doctor on that run does not ask to raise it again
+    f = _seqs_bound(64)["seqs-bound"]
+    assert f.remedy is None
+    from vllm_probe.analysis.doctor import RULES
+
+    knob = next(k for k in RULES["seqs-bound"].knobs if k.setting == "max_num_seqs")
+    assert knob.candidates({"max_num_seqs": 4}, f) == []  # 6, 8, 12, 16 all above the 4 the cache holds

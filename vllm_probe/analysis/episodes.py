@@ -213,6 +213,7 @@ class EngineEpisodes:
         self.first_preempt: tuple[int, int] | None = None  # (step, running queue after it)
         self._preempt_steps: dict[str, list[int]] = {}
         self.repeated = Ranked(TOP_K)
+        self.victim_priorities: dict[int, int] = {}  # preemptions per victim's priority value
         # KV demand at full length of the admitted requests, in blocks
         self._admitted: dict[str, int] = {}
         self.demand_blocks = 0
@@ -420,6 +421,8 @@ class Episodes(StateListener):
         rid = req.req_id
         self._release(ep, rid)
         ep._passes.pop(rid, None)
+        if req.priority is not None:
+            ep.victim_priorities[req.priority] = ep.victim_priorities.get(req.priority, 0) + 1
         if ep.first_preempt is None and ev.step is not None and ev.running is not None:
             ep.first_preempt = (ev.step, ev.running)
         steps = ep._preempt_steps.get(rid)

@@ -58,6 +58,8 @@ class StormEvidence(Evidence, kw_only=True):
         usable_kv_blocks: the KV cache's blocks minus the one vLLM reserves.
         readmitted_prefix_hit_tokens: tokens of readmitted requests' re-prefills served from the prefix cache rather than recomputed (vLLM counts them as hits, #25780); null when chunk events are off.
         recomputed_tokens: tokens of readmitted requests' re-prefills that were computed again; null when chunk events are off.
+        victim_priorities: under the priority policy, preemptions per victim priority value (vLLM preempts the running request with the largest (priority, arrival)); left out otherwise.
+        judged_on_count: true when only preempt events were recorded (step and chunk events off): the storm is judged on its count alone; left out otherwise.
     """
 
     preemptions: int
@@ -73,6 +75,8 @@ class StormEvidence(Evidence, kw_only=True):
     usable_kv_blocks: int | None
     readmitted_prefix_hit_tokens: int | None = None
     recomputed_tokens: int | None = None
+    victim_priorities: dict[str, int] | None = None
+    judged_on_count: bool | None = None
 
 
 class ThrashRequest(msgspec.Struct):

@@ -120,7 +120,10 @@ def preemption_storm(ctx: Context) -> list[Finding]:
         per_100 = 100 * n / eng.steps if eng.steps else None  # None: step events are off
         work = eng.scheduled_tokens or eng.chunk_tokens  # step events off: the prefill chunks
         share = eng.discarded_tokens / work if work else 0.0
-        if (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
+        # only preempt events (step and chunk events off): neither rate nor cost is known, and
+        # every preemption discarded computed work: judged on the count alone
+        count_only = per_100 is None and not work
+        if not count_only and (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
             continue
         busiest = [BusiestStep(step, victims) for step, victims in ep.preempting_steps.items()[:3]]
         first = ep.first_preempt[0] if ep.first_preempt else (busiest[0].step if busiest else None)
@@ -128,18 +131,37 @@ def preemption_storm(ctx: Context) -> list[Finding]:
                 if per_100 is not None else f"({fmt_count(eng.requests_preempted)} requests)")
         of_what = ("of the tokens the engine computed" if eng.scheduled_tokens else
                    "of the prompt tokens it prefilled (decode tokens are not known with step events off)")
-        msg = (f"{fmt_count(n)} preemptions {rate}"
-               + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
-                  if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+        if count_only:
+            msg = (f"{fmt_count(n)} preemptions ({fmt_count(eng.requests_preempted)} requests)"
+                   + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens" if eng.discarded_tokens else "")
+                   + (f"; the first at step {first}" if first is not None else "")
+                   + " (only preempt events were recorded: how often and how costly against the whole run is not known)")
+        else:
+            msg = (f"{fmt_count(n)} preemptions {rate}"
+                   + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
+                      if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+        hits = recomputed = None
+        if wrote(eng, "log_chunk_boundaries") and eng.resumed_passes:
+            hits, recomputed = eng.resumed_prefix_hit_tokens, eng.recomputed_tokens
+            if hits:
+                msg += (f"; the readmitted requests' re-prefills recomputed {fmt_count(recomputed)} tokens and took "
+                        f"{fmt_count(hits)} from the prefix cache (vLLM counts those as prefix-cache hits, #25780)")
+        victims_by = None
+        if eng.config is not None and eng.config.scheduling_policy == "priority" and ep.victim_priorities:
+            victims_by = {str(k): v for k, v in sorted(ep.victim_priorities.items())}
+            msg += ("; under the priority policy vLLM preempts the running request with the largest (priority, "
+                    "arrival): victims by priority " + ", ".join(f"{k}: {v}" for k, v in victims_by.items()))
         out.append(Finding(
-            "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
+            "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE and not count_only else WARNING, msg,
             StormEvidence(
                 engine=engine_of(ctx, eng), preemptions=n, requests=eng.requests_preempted,
                 per_100_steps=round(per_100, 2) if per_100 is not None else None,
                 discarded_tokens=eng.discarded_tokens, computed_tokens=work, discarded_share=round(share, 4),
                 first_step=first, busiest_steps=busiest, peak_kv_demand_blocks=ep.peak_demand_blocks or None,
                 peak_running=ep.peak_running or None,
-                usable_kv_blocks=(eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None),
+                usable_kv_blocks=(eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None,
+                readmitted_prefix_hit_tokens=hits, recomputed_tokens=recomputed, victim_priorities=victims_by,
+                judged_on_count=count_only or None),
             basis=(eng, ep)))
     return out
 
@@ -597,7 +619,7 @@ def not_checked(ctx: Context) -> list[Finding]:
     for eng in ctx.state.engines.values():
         if not wrote(eng, "log_schedule_each_step"):
             for rid in ("kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded", "chunking-without-benefit",
-                        "head-of-line-blocking"):
+                        "head-of-line-blocking", "held-slots"):
                 ctx.not_checked.setdefault(rid, "step events are off (scheduler_probe.log_schedule_each_step)")
         if not wrote(eng, "log_chunk_boundaries"):
             ctx.not_checked.setdefault("chunking-without-benefit",
