@@ -191,3 +191,63 @@ def test_seqs_bound_stays_within_what_the_cache_holds_at_full_length():
 
     knob = next(k for k in RULES["seqs-bound"].knobs if k.setting == "max_num_seqs")
     assert knob.candidates({"max_num_seqs": 4}, f) == []  # 6, 8, 12, 16 all above the 4 the cache holds
+
+
+# -- "nothing held this run back" is earned -----------------------------------------------------------
+
+
+def _waits(wait_steps: int, dt: float, reason: str = "deferred") -> Stream:
+    """One request running and decoding; W arrives at step 0 and is admitted after
+    ``wait_steps`` steps whose head_blocked_by is ``reason`` (no limit rule explains it:
+    the running queue, the budget and the cache all have room)."""
+    s = Stream()
+    s.config(10.0, budget=1024, max_num_seqs=8)
+    t = lambda n: 11.0 + n * dt  # noqa: E731
+    s.added(t(0) - dt, "A", 100, 200, arrival=t(0) - dt)
+    s.added(t(0) - dt, "W", 100, 4, arrival=t(0) - dt)
+    s.chunk(t(0) - dt / 2, 0, "A", 0, 0, 100, 100, last=True)
+    ev = s.step(t(0), 0, 1024, prefill=100, running=1, waiting=1, prefill_reqs=1, kv=0.05)
+    ev["head_blocked_by"] = reason
+    n = 1
+    for _ in range(wait_steps - 1):
+        s.step(t(n), n, 1024, decode=1, running=1, waiting=1, decode_reqs=1, kv=0.05)["head_blocked_by"] = reason
+        n += 1
+    s.chunk(t(n) - dt / 2, n, "W", 0, 0, 100, 100, last=True)
+    s.step(t(n), n, 1024, prefill=100, decode=1, running=2, waiting=0, prefill_reqs=1, decode_reqs=1, kv=0.1)
+    n += 1
+    s.finished(t(n) - dt / 2, n - 1, "W", 100, 4)
+    for _ in range(150):
+        s.step(t(n), n, 1024, decode=1, running=1, waiting=0, decode_reqs=1, kv=0.05)
+        n += 1
+    return s
+
+
+def _report(s: Stream):
+    from vllm_probe.analysis.doctor.context import Context
+    from vllm_probe.analysis.doctor.rules import all_clear
+
+    ep = Episodes()
+    state = RunState(listener=ep).apply_all(s.events)
+    found = diagnose(state, ep)
+    return {f.id: f for f in found}, all_clear(Context(state, ep), found)
+
+
+def test_a_wait_no_rule_explains_is_named_with_its_head_blocked_by():
+    """W waits 40 steps (ADMIT_WITHIN_STEPS 32) with admission deferred and room everywhere:
+    no limit rule fires, so unexplained-wait names the reason; at 1 ms and 50 ms per step."""
+    (fast, clear_fast), (slow, clear_slow) = (_report(_waits(40, dt)) for dt in STEP_TIMES)
+    assert clear_fast is None and clear_slow is None  # a warning: no all-clear line
+    _same(fast["unexplained-wait"], slow["unexplained-wait"])
+    ev = fast["unexplained-wait"].to_dict()["evidence"]
+    assert ev == {"admit_within_steps": 32, "longest_wait_steps": 40,
+                  "requests": [{"req_id": "W", "waited_steps": 40, "steps": [0, 39], "admitted": True,
+                                "head_blocked_by": {"deferred": 40}}],
+                  "head_blocked_by": {"deferred": 40}}
+    assert "underloaded" not in fast  # the run was held back: not "the scheduler is not the bottleneck"
+
+
+def test_all_clear_is_said_only_when_every_request_was_admitted_within_the_threshold():
+    found, clear = _report(_waits(32, 0.01))
+    assert "unexplained-wait" not in found
+    assert clear == ("No finding above info: every request was admitted within 32 steps (the longest waited 32); "
+                     "nothing held this run back.")

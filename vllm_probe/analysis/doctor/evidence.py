@@ -270,6 +270,40 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
     scheduler_class: str | None
 
 
+class WaitEntry(msgspec.Struct):
+    """A request's wait from arrival to its first prefill chunk.
+
+    Attributes:
+        req_id: the request.
+        waited_steps: steps from arrival to its first chunk (still waiting: so far).
+        steps: the steps it waited, ``[arrival step, first chunk step - 1]``.
+        admitted: it was admitted within the run (false: still waiting at its end).
+        head_blocked_by: steps per head_blocked_by reason while it waited.
+    """
+
+    req_id: str
+    waited_steps: int
+    steps: list[int]
+    admitted: bool
+    head_blocked_by: dict[str, int]
+
+
+class UnexplainedWaitEvidence(Evidence, kw_only=True):
+    """``unexplained-wait``: requests waited longer than ADMIT_WITHIN_STEPS steps and no rule explains why.
+
+    Attributes:
+        admit_within_steps: the threshold ADMIT_WITHIN_STEPS (steps).
+        longest_wait_steps: the longest wait (steps).
+        requests: the longest waits over the threshold (up to 8).
+        head_blocked_by: steps per head_blocked_by reason over those waits.
+    """
+
+    admit_within_steps: int
+    longest_wait_steps: int
+    requests: list[WaitEntry]
+    head_blocked_by: dict[str, int]
+
+
 class ChunkingEvidence(Evidence, kw_only=True):
     """``chunking-without-benefit``: long prompts chunked with nothing decoding beside them.
 

@@ -37,6 +37,7 @@ from .context import (
     wrote,
 )
 from .evidence import (
+    UnexplainedWaitEvidence, WaitEntry,
     BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
     NotCheckedEvidence,
     NotInV1, SettingDiffers, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
@@ -93,6 +94,15 @@ HELD_MIN_STEPS = 3
 #: ... and at least this share of the async engine's steps with requests waiting (below it
 #: the held slots are incidental: a finished request frees its slot one step later anyway).
 HELD_MIN_SHARE = 0.2
+#: "Nothing held this run back" is said only when every request was admitted within this
+#: many steps of arriving (its first prefill chunk); a longer wait that no rule explains is
+#: ``unexplained-wait`` (issue 17: the all-clear must be earned). Measured here: the
+#: longest wait in the healthy scenarios (light, lone-long-prompt) is at most 2 steps; 32
+#: leaves room for a burst admitted a few requests per step.
+ADMIT_WITHIN_STEPS = 32
+#: Findings that explain a wait (the scheduler held requests back, by a named limit).
+EXPLAINS_WAITS = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
+                  "budget-bound", "held-slots", "priority-slot-wait")
 #: chunking-without-benefit is a warning when the steps chunking added are at least this
 #: share of the run (else info).
 CHUNK_ALONE_WARN_SHARE = 0.05
@@ -498,6 +508,100 @@ def view_held(f: Finding) -> list[str]:
             f"running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max {e.waiting_max}",
             f"tokens per held step {fmt_count(e.tokens_min)}–{fmt_count(e.tokens_max)} (mean {e.tokens_mean:,.0f}) · "
             f"head blocked by {_reasons(e.head_blocked_by)} · {e.scheduler_class or 'scheduler not recorded'}"]
+
+
+def _waits(ep: EngineEpisodes) -> list[Wait]:
+    """Waits, longest first; a request not admitted by the end counts only when the steps of
+    its wait say requests waited (head_blocked_by recorded): a hand-made or truncated stream
+    may never show a request's first chunk."""
+    last = ep.eng.last_step
+    return [w for w in ep.all_waits() if w.first_step <= last or w.reasons]
+
+
+def _long_waits(ep: EngineEpisodes) -> list[Wait]:
+    return [w for w in _waits(ep) if w.steps > ADMIT_WITHIN_STEPS]
+
+
+def longest_wait_steps(ctx: Context) -> int | None:
+    """The longest wait from arrival to the first prefill chunk over the run's engine cores
+    (steps; still-waiting requests count their wait so far); None when chunk or request
+    events are off (waits are not known)."""
+    longest: int | None = None
+    for eng, ep in engines_of(ctx):
+        if not (wrote(eng, "log_chunk_boundaries") and wrote(eng, "log_request_events")):
+            return None
+        waits = _waits(ep)
+        longest = max(longest or 0, waits[0].steps if waits else 0)
+    return longest
+
+
+def unexplained_wait(ctx: Context) -> list[Finding]:
+    """Requests that waited more than :data:`ADMIT_WITHIN_STEPS` steps for their first chunk
+    while no finding of :data:`EXPLAINS_WAITS` names what held them: name the head_blocked_by
+    reasons over their waits, even if no rule explains why."""
+    out = []
+    found = ctx.cache.get("found", [])
+    for eng, ep in engines_of(ctx):
+        if not (wrote(eng, "log_chunk_boundaries") and wrote(eng, "log_request_events")):
+            ctx.not_checked["unexplained-wait"] = ("needs chunk and request events (scheduler_probe.log_chunk_boundaries, "
+                                                   "log_request_events): how long requests waited is not known")
+            continue
+        engine = engine_of(ctx, eng)
+        if any(f.id in EXPLAINS_WAITS and f.engine in (engine, None) for f in found):
+            continue
+        waits = _long_waits(ep)
+        if not waits:
+            continue
+        reasons: dict[str, int] = {}
+        for w in waits:
+            for k, v in w.reasons.items():
+                reasons[k] = reasons.get(k, 0) + v
+        last = eng.last_step
+        longest = waits[0]
+        listed = waits[:TOP_WAITS_LISTED]
+        why = (f"; the head of the queue was blocked by {_reasons(reasons)} over their waits" if reasons else
+               "; the run records no head_blocked_by for those steps")
+        msg = (f"{len(waits)}{'+' if len(waits) >= TOP_WAITS_LISTED else ''} request{'s' if len(waits) != 1 else ''} "
+               f"waited more than {ADMIT_WITHIN_STEPS} steps for their first chunk (longest {longest.req_id}, "
+               f"{fmt_count(longest.steps)} steps from step {longest.arrival_step}) and no rule explains it{why}")
+        out.append(Finding("unexplained-wait", WARNING, msg, UnexplainedWaitEvidence(
+            engine=engine, admit_within_steps=ADMIT_WITHIN_STEPS, longest_wait_steps=longest.steps,
+            requests=[WaitEntry(w.req_id, w.steps, [w.arrival_step, w.first_step - 1], w.first_step <= last,
+                                dict(w.reasons)) for w in listed],
+            head_blocked_by=reasons)))
+    return out
+
+
+#: Waits listed in unexplained-wait's evidence (the longest; episodes keep this many).
+TOP_WAITS_LISTED = 8
+
+
+def view_unexplained(f: Finding) -> list[str]:
+    e: UnexplainedWaitEvidence = f.evidence
+    out = [f"{w.req_id} waited {fmt_count(w.waited_steps)} steps, {_steps(w.steps)}"
+           + ("" if w.admitted else " (still waiting at the end)")
+           + (f": head blocked by {_reasons(w.head_blocked_by)}" if w.head_blocked_by else "") for w in e.requests[:4]]
+    if e.head_blocked_by:
+        out.append("over all of them: " + _reasons(e.head_blocked_by))
+    return out
+
+
+def all_clear(ctx: Context, findings: list[Finding]) -> str | None:
+    """The report's line when no finding is above info, earned: said only when every
+    request was admitted within :data:`ADMIT_WITHIN_STEPS` steps (else what held them);
+    None when a finding is above info."""
+    if any(f.severity in (CRITICAL, WARNING) for f in findings):
+        return None
+    longest = longest_wait_steps(ctx)
+    if longest is None:
+        return ("No finding above info; how long requests waited is not known (chunk or request events are off), so "
+                "whether anything held them back is not checked.")
+    if longest <= ADMIT_WITHIN_STEPS:
+        return (f"No finding above info: every request was admitted within {ADMIT_WITHIN_STEPS} steps "
+                f"(the longest waited {fmt_count(longest)}); nothing held this run back.")
+    named = [f.id for f in findings if f.id in EXPLAINS_WAITS]
+    return (f"No finding above info, but requests waited up to {fmt_count(longest)} steps for their first chunk"
+            + (f": {', '.join(named)} (info) names what held them." if named else "."))
 
 
 def chunking_without_benefit(ctx: Context) -> list[Finding]:
@@ -974,6 +1078,20 @@ CATALOGUE: tuple[Rule, ...] = (
         knobs=(KNOB_BUDGET_UP,),
         arithmetic=chunking_remedy, view=view_chunking, step=lambda f: _first_of(f.evidence.example_steps),
         severity=(WARNING, INFO)),
+    Rule(
+        "unexplained-wait",
+        "A request waits from its arrival until the WAITING loop admits it (vLLM 0.32 "
+        "scheduler.py:912-1280); after each step the probe records why the head of the queue was "
+        "not admitted (head_blocked_by: token_budget, max_num_seqs, kv_cache, preemption, "
+        "prefill_limit, deferred). A wait longer than ADMIT_WITHIN_STEPS that no other rule "
+        "explains is named with those reasons, so that \"nothing held this run back\" is said "
+        "only when it is true.",
+        unexplained_wait,
+        UnexplainedWaitEvidence,
+        (_t("ADMIT_WITHIN_STEPS", "steps from arrival to the first chunk",
+            MEASURED + ": the longest wait in the healthy scenarios is at most 2 steps"),),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        view=view_unexplained, step=lambda f: f.evidence.requests[0].steps[0] if f.evidence.requests else None),
     Rule(
         "underloaded",
         "Requests rarely waited and the median step used little of its budget: the client, not "
