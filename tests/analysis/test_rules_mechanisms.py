@@ -251,3 +251,70 @@ def test_all_clear_is_said_only_when_every_request_was_admitted_within_the_thres
     assert "unexplained-wait" not in found
     assert clear == ("No finding above info: every request was admitted within 32 steps (the longest waited 32); "
                      "nothing held this run back.")
+
+
+# -- head-of-line blocking ---------------------------------------------------------------------------
+
+SECONDS = ("queue_s", "ttft_s")
+
+
+def _hol_queued(dt: float, warm: bool = False) -> Stream:
+    """Budget 1,024. L1 and L2 (4,096-token prompts) arrive first, S after them, all before
+    step 0; L1 is prefilled in steps 0-3, L2 in 4-7, S in step 8. ``warm``: S is a 4,096-token
+    follow-up whose first 4,000 tokens come from the prefix cache (96 left to compute),
+    else a 96-token prompt. Every time is ``dt`` per step."""
+    s = Stream()
+    s.config(10.0, budget=1024, max_num_seqs=8, prefix_caching=True)
+    t = lambda n: 11.0 + n * dt  # noqa: E731
+    plen = 4096 if warm else 96
+    for rid, p in (("L1", 4096), ("L2", 4096), ("S", plen)):
+        s.added(t(0) - dt * 0.75, rid, p, 4, arrival=t(0) - dt * 0.75)
+    n = 0
+    for rid in ("L1", "L2"):
+        for k in range(4):
+            s.chunk(t(n) - dt / 2, n, rid, k, 1024 * k, 1024 * (k + 1), 4096, last=k == 3)
+            ev = s.step(t(n), n, 1024, prefill=1024, running=1 + (rid == "L2"), waiting=2 - (rid == "L2") - (k == 3 and rid == "L2"),
+                        prefill_reqs=1)
+            if ev["waiting"]:
+                ev["head_blocked_by"] = "token_budget"
+            n += 1
+    start = 4000 if warm else 0
+    s.chunk(t(n) - dt / 2, n, "S", 0, start, plen, plen, last=True)["prefix_hit_tokens"] = start
+    s.step(t(n), n, 1024, prefill=96, running=3, waiting=0, prefill_reqs=1)
+    n += 1
+    for _ in range(4):
+        s.step(t(n), n, 1024, decode=3, running=3, waiting=0, decode_reqs=3)
+        n += 1
+    for rid, p in (("S", plen), ("L1", 4096), ("L2", 4096)):
+        s.finished(t(n) - dt / 2, n - 1, rid, p, 4)
+    s.step(t(n), n, 1024, running=0, waiting=0)
+    return s
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_head_of_line_blocking_same_at_any_step_time_and_short_by_tokens_to_compute(warm):
+    fast, slow = (_found(_hol_queued(dt, warm))["head-of-line-blocking"].to_dict() for dt in STEP_TIMES)
+    assert fast["message"] == slow["message"] and fast["remedy"] == slow["remedy"]
+    for a, b in zip(fast["evidence"]["blocked"], slow["evidence"]["blocked"]):
+        assert {k: v for k, v in a.items() if k not in SECONDS} == {k: v for k, v in b.items() if k not in SECONDS}
+        # seconds scale with the step time (the fast run's are rounded to 0.1 ms: 50× that is 5 ms)
+        assert b["queue_s"] == pytest.approx(50 * a["queue_s"], abs=0.005)
+        assert b["ttft_s"] == pytest.approx(50 * a["ttft_s"], abs=0.005)
+    (b,) = fast["evidence"]["blocked"]
+    assert (b["req_id"], b["waited_steps"], b["steps"], b["prefix_hit_tokens"]) == ("S", 8, [0, 7], 4000 if warm else 0)
+    assert fast["evidence"]["takers"] == [  # largest first; equal tokens: by request id, descending
+        {"req_id": "L2", "prompt_len": 4096, "prefill_tokens": 4096, "first_chunk_step": 4},
+        {"req_id": "L1", "prompt_len": 4096, "prefill_tokens": 4096, "first_chunk_step": 0}]
+    # queued ahead: a budget for both long prompts + S (8,192 + 96 → 8,448) is over 8× the 1,024
+    # budget, so the long prefills' chunk cap leads, at a quarter of the budget (design.md §7)
+    r = fast["remedy"]
+    assert (r["setting"], r["value"], r["whatif"]) == ("long_prefill_token_threshold", 256,
+                                                       {"long_prefill_token_threshold": 256})
+    assert [(a["setting"], a["value"]) for a in r["alternatives"]] == [("max_num_batched_tokens", 8192),
+                                                                      ("scheduling_policy", "priority")]
+    if warm:
+        assert "1 of them cache-warm (96 tokens left to compute after prefix-cache hits)" in fast["message"]
+    from vllm_probe.analysis.doctor import RULES
+
+    f = _found(_hol_queued(0.001, warm))["head-of-line-blocking"]
+    assert RULES["head-of-line-blocking"].goal(f).requests == ("S",)

@@ -53,8 +53,9 @@ TOP_K = 8
 CHUNK_RING = 32_768
 #: Preemption steps kept per request (a request preempted more often keeps its count).
 PREEMPT_STEPS_KEEP = 32
-#: A request is short, for head-of-line blocking, when its prompt is at most this share of
-#: the token budget (it would fit any step's budget many times over).
+#: A request is short, for head-of-line blocking, when the tokens it has left to compute
+#: (prompt minus its prefix-cache hit: a cache-warm follow-up with a long prompt is short)
+#: are at most this share of the token budget (it would fit any step's budget many times over).
 SHORT_PROMPT_SHARE = 0.25
 #: A wait counts as most of a request's time to first token from this share (queue time /
 #: TTFT). AIPerf and vLLM's benchmark report TTFT including queueing; this separates it.
@@ -84,6 +85,12 @@ class Wait:
     queue_s: float | None = None
     ttft_s: float | None = None
     ttft_steps: int | None = None
+    hit_tokens: int = 0  # of its prompt, served by the prefix cache on its first chunk
+
+    @property
+    def to_compute(self) -> int | None:
+        """Prompt tokens it had left to compute (prompt minus its prefix-cache hit)."""
+        return None if self.prompt_len is None else max(self.prompt_len - self.hit_tokens, 0)
 
     @property
     def steps(self) -> int:
@@ -450,13 +457,15 @@ class Episodes(StateListener):
         queue_s, ttft_s = req.queue_time_s, req.ttft_s
         key = (steps, queue_s or 0.0)
         budget = eng.config.max_num_batched_tokens if eng.config is not None else None
-        blocked = (budget and plen is not None and plen <= SHORT_PROMPT_SHARE * budget and steps > 0
+        to_compute = None if plen is None else plen - (req.prefix_hit_tokens or 0)
+        blocked = (budget and to_compute is not None and to_compute <= SHORT_PROMPT_SHARE * budget and steps > 0
                    and queue_s is not None and ttft_s and queue_s >= QUEUE_SHARE_OF_TTFT * ttft_s)
         if blocked:
             ep.blocked_short_count += 1
         if ep.longest_waits.would_enter(key) or (blocked and ep.blocked_short.would_enter(key)):
             wait = ep._wait(rid, w)
             wait.queue_s, wait.ttft_s, wait.ttft_steps = queue_s, ttft_s, req.ttft_steps
+            wait.hit_tokens = req.prefix_hit_tokens or 0
             ep.longest_waits.offer(key, wait)
             if blocked:
                 ep.blocked_short.offer(key, wait)

@@ -127,6 +127,7 @@ class HolBlocked(msgspec.Struct):
         ttft_s: its time to first token (s).
         queue_share: queue_s / ttft_s (0..1).
         head_blocked_by: steps per head_blocked_by reason while it waited.
+        prefix_hit_tokens: of its prompt, tokens served by the prefix cache (it is short by the tokens left to compute: prompt_len - prefix_hit_tokens).
     """
 
     req_id: str
@@ -137,6 +138,7 @@ class HolBlocked(msgspec.Struct):
     ttft_s: float | None
     queue_share: float | None
     head_blocked_by: dict[str, int]
+    prefix_hit_tokens: int = 0
 
 
 class HolTaker(msgspec.Struct):

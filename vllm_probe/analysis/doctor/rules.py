@@ -275,6 +275,7 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
         total = max(v[3] for v in victims)
         shares = [w.queue_share for w in waits if w.queue_share is not None]
         short_prompts = sorted({w.prompt_len for w in waits if w.prompt_len is not None})
+        warm = [w for w in waits if w.hit_tokens]
         first, last = min(w.arrival_step for w in waits), max(w.first_step for w in waits) - 1
         names = sorted(takers, key=lambda r: -takers[r][0])
         long_prompts = sorted({p for _, p in takers.values() if p})
@@ -287,13 +288,17 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
                f"({'/'.join(fmt_count(p) for p in short_prompts)}-token prompts) waited up to {max(w.steps for w in waits)} "
                f"steps for their first chunk while {who} took {fmt_pct(taken / total)} of the prefill tokens "
                f"(steps {first}-{last}); queue time was {pct_range(shares)} of their time to first token")
+        if warm:
+            msg += (f"; {len(warm)} of them cache-warm ({'/'.join(fmt_count(w.to_compute or 0) for w in warm)} tokens "
+                    f"left to compute after prefix-cache hits)")
         if ep.blocked_short_count > len(waits):
             msg += f" ({ep.blocked_short_count} short requests waited mostly in the queue in all)"
         starts = ep.first_chunk_steps(names)
         out.append(Finding("head-of-line-blocking", WARNING, msg, HolEvidence(
             engine=engine_of(ctx, eng),
             blocked=[HolBlocked(w.req_id, w.prompt_len, w.steps, [w.arrival_step, w.first_step - 1], rounded(w.queue_s),
-                                rounded(w.ttft_s), rounded(w.queue_share), dict(w.reasons)) for w in waits],
+                                rounded(w.ttft_s), rounded(w.queue_share), dict(w.reasons), w.hit_tokens)
+                     for w in waits],
             takers=[HolTaker(rid, takers[rid][1], takers[rid][0], st) for rid, st in zip(names, starts)],
             taken_share=round(taken / total, 4), short_requests_blocked=ep.blocked_short_count,
             complete=all(v[4] for v in victims)),
@@ -327,7 +332,15 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
     # budget, or priority, gets the short ones in sooner)
     arrived = min(w.arrival_step for w in waits)
     running_before = all(s is not None and s < arrived for s in starts)
-    short_total = sum(w.prompt_len or 0 for w in waits)
+    short_total = sum(w.to_compute or 0 for w in waits)
+    quarter = max(budget // 4, 1)
+    long_prefill_alt = {
+        "setting": "long_prefill_token_threshold", "value": quarter, "whatif": {"long_prefill_token_threshold": quarter},
+        "arithmetic": f"a quarter of the budget ({fmt_count(budget)} // 4 = {fmt_count(quarter)}) caps each long "
+                      f"prefill's chunk so the short requests fit beside them (design.md §7: a quarter of the budget "
+                      f"cut the short requests' queue p90 from 2.9 s to 0.86 s)"}
+    priority_alt = {"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
+                    "arithmetic": "send short requests with a higher priority (a lower priority value)"}
     if running_before:
         cap = max(budget - short_total, budget // 2)
         remedy = Remedy(
@@ -345,6 +358,23 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
         # prompts are prefilled together, before any of them can hit the prefix cache
         long_total = sum(plen or tokens for tokens, plen in takers.values())
         want = round_up(long_total + short_total + decodes, 256)
+        if want > BUDGET_MAX_FACTOR * budget:
+            # a budget that takes every queued prompt at once is far beyond what operators run
+            # (issue 17: 40,960 for a 512 budget): cap the long prefills' chunks instead
+            most = BUDGET_MAX_FACTOR * budget
+            return Remedy(
+                "long_prefill_token_threshold", quarter,
+                f"the short requests waited behind the prefills of long requests queued ahead of them; a budget "
+                f"holding those prompts ({fmt_count(long_total)} tokens) + the short ones' {fmt_count(short_total)} "
+                f"would be {fmt_count(want)}, more than {BUDGET_MAX_FACTOR}× the {fmt_count(budget)}-token budget → "
+                f"long_prefill_token_threshold {fmt_count(quarter)} (a quarter of the budget) caps each long prefill's "
+                f"chunk so the short requests fit beside them (design.md §7: 2.9 s → 0.86 s short-request queue p90)",
+                "the long prompts take more steps to prefill (their own TTFT grows; +61 % worst in design.md §7)",
+                SRC_VLLM_CHUNKED, whatif={"long_prefill_token_threshold": quarter},
+                alternatives=[{"setting": "max_num_batched_tokens", "value": most,
+                               "whatif": {"max_num_batched_tokens": most},
+                               "arithmetic": f"the largest budget offered, {BUDGET_MAX_FACTOR}× the recorded one"},
+                              priority_alt])
         remedy = Remedy(
             "max_num_batched_tokens", want,
             f"the short requests waited behind the prefills of long requests queued ahead of them; their prompts "
@@ -353,8 +383,7 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
             f"max_num_batched_tokens {fmt_count(want)} admits them in the same step",
             "larger steps: running decodes wait longer per token (inter-token latency)", SRC_VLLM_CHUNKED,
             whatif={"max_num_batched_tokens": want},
-            alternatives=[{"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
-                           "arithmetic": "send short requests with a higher priority (a lower priority value)"}])
+            alternatives=[long_prefill_alt, priority_alt])
     return remedy
 
 
