@@ -318,3 +318,45 @@ def test_head_of_line_blocking_same_at_any_step_time_and_short_by_tokens_to_comp
 
     f = _found(_hol_queued(0.001, warm))["head-of-line-blocking"]
     assert RULES["head-of-line-blocking"].goal(f).requests == ("S",)
+
+
+# -- priority ------------------------------------------------------------------------------------------
+
+
+def _priority(dt: float) -> Stream:
+    """Priority policy, max_num_seqs 2: B1 and B2 (priority 5) run from step 0; U (priority 0)
+    arrives before step 1 and waits 6 steps with the running queue full (head max_num_seqs)
+    until B1 finishes; then it is admitted. vLLM never preempts for a slot."""
+    s = Stream()
+    s.config(10.0, budget=1024, max_num_seqs=2, scheduling_policy="priority")
+    t = lambda n: 11.0 + n * dt  # noqa: E731
+    for rid in ("B1", "B2"):
+        ev = s.added(t(0) - dt, rid, 100, 8, arrival=t(0) - dt)
+        ev["priority"] = 5
+        s.chunk(t(0) - dt / 2, 0, rid, 0, 0, 100, 100, last=True)
+    s.step(t(0), 0, 1024, prefill=200, running=2, waiting=0, prefill_reqs=2)
+    s.added(t(1) - dt * 0.75, "U", 100, 8, arrival=t(1) - dt * 0.75)["priority"] = 0
+    for n in range(1, 7):
+        s.step(t(n), n, 1024, decode=2, running=2, waiting=1, decode_reqs=2)["head_blocked_by"] = "max_num_seqs"
+    s.finished(t(7) - dt * 0.75, 6, "B1", 100, 8)
+    s.chunk(t(7) - dt / 2, 7, "U", 0, 0, 100, 100, last=True)
+    s.step(t(7), 7, 1024, prefill=100, decode=1, running=2, waiting=0, prefill_reqs=1, decode_reqs=1)
+    return s
+
+
+def test_a_high_priority_request_waiting_for_a_slot():
+    fast, slow = (_found(_priority(dt)) for dt in STEP_TIMES)
+    _same(fast["priority-slot-wait"], slow["priority-slot-wait"])
+    f = fast["priority-slot-wait"].to_dict()
+    assert f["evidence"] == {"requests": 1, "max_num_seqs": 2, "waits": [
+        {"req_id": "U", "priority": 0, "steps": [1, 6], "slot_steps": 6, "head_blocked_by": {"max_num_seqs": 6},
+         # B2 ran from before U arrived until U was admitted (B1 finished to free the slot)
+         "lower_priority_running": [{"req_id": "B2", "priority": 5}]}]}
+    assert "vLLM preempts for KV blocks, never for a slot" in f["message"]
+    assert (f["remedy"]["setting"], f["remedy"]["value"]) == ("max_num_seqs", 3)
+
+
+def test_no_priority_slot_wait_under_fcfs():
+    s = _priority(0.001)
+    s.events[0]["scheduling_policy"] = "fcfs"
+    assert "priority-slot-wait" not in _found(s)

@@ -180,6 +180,29 @@ class HeldSlots:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+#: priority-slot-wait: a request counts when the head was blocked by a full running queue
+#: (:data:`HELD_REASONS`) in at least this many steps of its wait.
+PRIORITY_WAIT_MIN_STEPS = 3
+
+
+@dataclass(slots=True)
+class PriorityWait:
+    """Under the priority policy, a request that waited for a running slot while requests of
+    lower priority (a larger priority value) held slots throughout its wait.
+
+    ``slot_steps``: steps of its wait whose head_blocked_by was a full running queue;
+    ``lower``: ``(req_id, priority)`` of running requests admitted before it arrived and
+    still running when it was admitted (up to 4)."""
+
+    req_id: str
+    priority: int
+    arrival_step: int
+    first_step: int
+    slot_steps: int
+    reasons: dict[str, int]
+    lower: list[tuple[str, int]]
+
+
 class _Pass:
     """A first prefill pass in progress: chunks so far, whether a step of it decoded
     anything, the KV tokens its later chunks re-read, its first step."""
@@ -215,6 +238,10 @@ class EngineEpisodes:
         self._passes: dict[str, _Pass] = {}
         self.chunked_alone = ChunkedAlone()
         self.held = HeldSlots()
+        # priority policy: running requests' (admission step, priority), and the waits for a slot
+        self._running_since: dict[str, tuple[int, int | None]] = {}
+        self.priority_waits = Ranked(TOP_K)
+        self.priority_wait_count = 0
         # preemptions
         self.preempting_steps = Ranked(TOP_K)
         self.first_preempt: tuple[int, int] | None = None  # (step, running queue after it)
@@ -392,6 +419,11 @@ class Episodes(StateListener):
                 if req.first_scheduled_step == ev.step:
                     ep._waiting[rid] = (req.arrival_step, step, req.prompt_len, ep._arrival_counts.pop(rid, None),
                                         ep._counts_now())
+                    cfg = eng.config
+                    if cfg is not None and cfg.scheduling_policy == "priority":
+                        self._priority_admitted(ep, req, step, ep._waiting[rid])
+            if eng.config is not None and eng.config.scheduling_policy == "priority":
+                ep._running_since.setdefault(rid, (step, req.priority))
         if ep._passes:
             p = ep._passes.get(rid)
             if p is not None:
@@ -418,7 +450,26 @@ class Episodes(StateListener):
             ep.peak_running = len(ep._admitted)
             ep.peak_step = step
 
+    def _priority_admitted(self, ep: EngineEpisodes, req: RequestState, step: int, w: tuple) -> None:
+        """A request admitted under the priority policy: did it wait for a slot that requests of
+        lower priority held throughout its wait (:class:`PriorityWait`)?"""
+        arrival, _, _, then, now = w
+        if req.priority is None or then is None:
+            return
+        reasons = _diff(now, then)
+        slot_steps = sum(reasons.get(r, 0) for r in HELD_REASONS)
+        if slot_steps < PRIORITY_WAIT_MIN_STEPS:
+            return
+        lower = sorted(((rid, p) for rid, (since, p) in ep._running_since.items()
+                        if since <= arrival and p is not None and p > req.priority), key=lambda x: (-x[1], x[0]))
+        if not lower:
+            return
+        ep.priority_wait_count += 1
+        ep.priority_waits.offer((slot_steps, -arrival), PriorityWait(
+            req.req_id, req.priority, arrival, step, slot_steps, reasons, lower[:4]))
+
     def _release(self, ep: EngineEpisodes, rid: str) -> None:
+        ep._running_since.pop(rid, None)
         blocks = ep._admitted.pop(rid, None)
         if blocks is not None:
             ep.demand_blocks -= blocks

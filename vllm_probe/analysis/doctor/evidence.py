@@ -306,6 +306,52 @@ class UnexplainedWaitEvidence(Evidence, kw_only=True):
     head_blocked_by: dict[str, int]
 
 
+class RunningRequest(msgspec.Struct):
+    """A running request.
+
+    Attributes:
+        req_id: the request.
+        priority: its priority value (lower runs first).
+    """
+
+    req_id: str
+    priority: int
+
+
+class PriorityWaitEntry(msgspec.Struct):
+    """A high-priority request that waited for a slot.
+
+    Attributes:
+        req_id: the request.
+        priority: its priority value (lower runs first).
+        steps: the steps it waited, ``[arrival step, first chunk step - 1]``.
+        slot_steps: steps of its wait whose head_blocked_by was a full running queue (max_num_seqs or deferred).
+        head_blocked_by: steps per head_blocked_by reason while it waited.
+        lower_priority_running: running requests of lower priority (larger value) that held slots throughout its wait (up to 4).
+    """
+
+    req_id: str
+    priority: int
+    steps: list[int]
+    slot_steps: int
+    head_blocked_by: dict[str, int]
+    lower_priority_running: list[RunningRequest]
+
+
+class PrioritySlotWaitEvidence(Evidence, kw_only=True):
+    """``priority-slot-wait``: under the priority policy, high-priority requests waited for a running slot held by lower-priority ones.
+
+    Attributes:
+        requests: such requests in all.
+        waits: the longest of them (up to 8).
+        max_num_seqs: the engine's max_num_seqs.
+    """
+
+    requests: int
+    waits: list[PriorityWaitEntry]
+    max_num_seqs: int | None
+
+
 class ChunkingEvidence(Evidence, kw_only=True):
     """``chunking-without-benefit``: long prompts chunked with nothing decoding beside them.
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from ..episodes import QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
+from ..episodes import PRIORITY_WAIT_MIN_STEPS, QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
 from ..expected import DIFFERS, NOT_RECORDED, NOT_V1
 from ..figures import Distribution, budget_use_counts
 from . import limits
@@ -37,7 +37,7 @@ from .context import (
     wrote,
 )
 from .evidence import (
-    UnexplainedWaitEvidence, WaitEntry,
+    PrioritySlotWaitEvidence, PriorityWaitEntry, RunningRequest, UnexplainedWaitEvidence, WaitEntry,
     BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
     NotCheckedEvidence,
     NotInV1, SettingDiffers, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
@@ -545,6 +545,60 @@ def _waits(ep: EngineEpisodes) -> list[Wait]:
     may never show a request's first chunk."""
     last = ep.eng.last_step
     return [w for w in ep.all_waits() if w.first_step <= last or w.reasons]
+
+
+def priority_slot_wait(ctx: Context) -> list[Finding]:
+    """Under the priority policy: high-priority requests waited for a running slot held by
+    lower-priority requests (vLLM preempts for KV blocks, never for slots)."""
+    out = []
+    for eng, ep in engines_of(ctx):
+        if not ep.priority_wait_count:
+            continue
+        waits = ep.priority_waits.items()
+        worst = waits[0]
+        low_rid, low_p = worst.lower[0]
+        cfg = eng.config
+        msg = (f"{ep.priority_wait_count} request{'s' if ep.priority_wait_count != 1 else ''} of higher priority waited "
+               f"for a running slot while requests of lower priority held all {fmt_count_or(cfg.max_num_seqs)} "
+               f"(e.g. {worst.req_id}, priority {worst.priority}, waited {fmt_count(worst.slot_steps)} steps with the "
+               f"running queue full while {low_rid}, priority {low_p}, ran): vLLM preempts for KV blocks, never for "
+               f"a slot, so priority does not get a request past a full running queue")
+        out.append(Finding("priority-slot-wait", WARNING, msg, PrioritySlotWaitEvidence(
+            engine=engine_of(ctx, eng), requests=ep.priority_wait_count,
+            waits=[PriorityWaitEntry(w.req_id, w.priority, [w.arrival_step, w.first_step - 1], w.slot_steps,
+                                     dict(w.reasons), [RunningRequest(r, p) for r, p in w.lower]) for w in waits],
+            max_num_seqs=cfg.max_num_seqs), basis=(eng, ep)))
+    return out
+
+
+def priority_slot_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """``max_num_seqs`` up by the requests that waited (within what the cache holds at full length)."""
+    e: PrioritySlotWaitEvidence = f.evidence
+    eng, ep = f.basis
+    seqs = eng.config.max_num_seqs or 0
+    add = min(e.requests, len(e.waits)) or 1
+    want = seqs + add
+    cap = _seqs_cap(eng, ep)
+    if cap is not None:
+        want = min(want, cap)
+    if want <= seqs:
+        return None
+    return Remedy(
+        "max_num_seqs", want,
+        f"max_num_seqs {seqs} + {add} (the high-priority requests that waited for a slot at once, at most) = {want}"
+        + (f", at most the {cap} requests the KV cache holds at full length" if cap is not None else "")
+        + ": a free slot admits them by priority",
+        "more requests per step: each decode step takes longer (inter-token latency)",
+        "vLLM 0.32 scheduler.py:776-841 (preemption only when allocate_slots fails) and :921-924 (the slot limit)",
+        whatif={"max_num_seqs": want})
+
+
+def view_priority(f: Finding) -> list[str]:
+    e: PrioritySlotWaitEvidence = f.evidence
+    return [f"{w.req_id} (priority {w.priority}) waited {_steps(w.steps)}, {fmt_count(w.slot_steps)} steps with the "
+            f"running queue full; running meanwhile: " + ", ".join(f"{r.req_id} (priority {r.priority})"
+                                                                   for r in w.lower_priority_running)
+            for w in e.waits[:4]]
 
 
 def _long_waits(ep: EngineEpisodes) -> list[Wait]:
@@ -1107,6 +1161,22 @@ CATALOGUE: tuple[Rule, ...] = (
         knobs=(KNOB_BUDGET_UP,),
         arithmetic=chunking_remedy, view=view_chunking, step=lambda f: _first_of(f.evidence.example_steps),
         severity=(WARNING, INFO)),
+    Rule(
+        "priority-slot-wait",
+        "Under the priority policy the WAITING queue is ordered by (priority, arrival), but a "
+        "waiting request gets a slot only when one is free: the WAITING loop stops at "
+        "num_running >= max_num_active_reqs (vLLM 0.32 scheduler.py:921-924), and vLLM preempts "
+        "only when a request cannot allocate KV blocks (:776-841, the victim being the running "
+        "request with the largest (priority, arrival)). A high-priority request therefore waits "
+        "behind a full running queue of lower-priority requests.",
+        priority_slot_wait,
+        PrioritySlotWaitEvidence,
+        (Threshold("PRIORITY_WAIT_MIN_STEPS", PRIORITY_WAIT_MIN_STEPS, "steps with the running queue full",
+                   "as HOL_MIN_WAIT_STEPS: a few steps, not one finishing request (episodes.py)"),),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.5, requests=tuple(w.req_id for w in f.evidence.waits)),
+        knobs=(KNOB_SEQS_UP,),
+        arithmetic=priority_slot_remedy, view=view_priority,
+        step=lambda f: f.evidence.waits[0].steps[0] if f.evidence.waits else None),
     Rule(
         "unexplained-wait",
         "A request waits from its arrival until the WAITING loop admits it (vLLM 0.32 "
