@@ -360,3 +360,24 @@ def test_no_priority_slot_wait_under_fcfs():
     s = _priority(0.001)
     s.events[0]["scheduling_policy"] = "fcfs"
     assert "priority-slot-wait" not in _found(s)
+
+
+# -- which "Maximum concurrency Nx" reading applies ----------------------------------------------
+
+
+def test_kv_bound_says_which_concurrency_reading_applies():
+    """63 usable blocks of 128 tokens, max_model_len 8,192: vLLM's start-up line reads 0.98x;
+    this run's requests (1,024 + 256 tokens: 10 blocks at full length) fit 63 // 10 = 6 at once."""
+    from tests.test_doctor_rules import Run
+
+    r = Run(budget=8192, seqs=64)
+    for i in range(4):
+        r.add(f"R{i}", 1024, 256)
+        r.chunk(f"R{i}", 0, 0, 1024, 1024, last=True)
+    r.step(prefill=4096, running=4, waiting=3, blocked="kv_cache", kv=0.95)
+    r.step(decode=4, running=4, waiting=3, blocked="kv_cache", kv=0.95, times=29)
+    f = {f.id: f for f in r.analyze()[2]}["kv-bound"].to_dict()
+    assert f["evidence"]["vllm_max_concurrency"] == 0.98 and f["evidence"]["concurrency_at_run_lengths"] == 6
+    assert f["message"].endswith("\"Maximum concurrency 0.98x\" assumes every request fills max_model_len, this run ran "
+                                 "4 at once: the reading that applies is the cache's 6 requests at this run's lengths "
+                                 "(prompt + max_tokens, 10.0 blocks each on average)")

@@ -193,6 +193,7 @@ class BoundEvidence(Evidence, kw_only=True):
         inferred_from_queues: the run has no head_blocked_by (an older probe): the limit was inferred from the queues.
         vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (KV capacity / max_model_len); left out when unknown.
         budget_use_median: budget-bound only: the median step's share of the token budget (0..1).
+        concurrency_at_run_lengths: kv-bound only: the requests the KV cache holds at once at this run's lengths (usable blocks // the mean blocks at full length, prompt + max_tokens): the "Maximum concurrency" reading that applies to this workload; left out when unknown.
     """
 
     steps: int
@@ -209,6 +210,7 @@ class BoundEvidence(Evidence, kw_only=True):
     inferred_from_queues: bool
     vllm_max_concurrency: float | None = None
     budget_use_median: float | None = None
+    concurrency_at_run_lengths: int | None = None
 
 
 class StallEvidence(Evidence, kw_only=True):

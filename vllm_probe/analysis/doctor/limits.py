@@ -181,9 +181,15 @@ def bound(ctx: Context) -> list[Finding]:
             concurrency = _vllm_concurrency(cfg)
             if concurrency is not None:
                 evidence.vllm_max_concurrency = round(concurrency, 2)
+                per = _mean_full_blocks(ep)
+                at_run = int((cfg.num_kv_blocks - 1) // per) if per and cfg.num_kv_blocks else None
+                evidence.concurrency_at_run_lengths = at_run
                 if agg.running_max > concurrency * 1.5:
                     msg += (f"; vLLM's start-up line \"Maximum concurrency {concurrency:.2f}x\" assumes every request "
                             f"fills max_model_len, this run ran {agg.running_max} at once")
+                    if at_run is not None:
+                        msg += (f": the reading that applies is the cache's {fmt_count(at_run)} requests at this run's "
+                                f"lengths (prompt + max_tokens, {per:.1f} blocks each on average)")
             out.append(Finding("kv-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
         elif fid == "budget-bound":
             use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
