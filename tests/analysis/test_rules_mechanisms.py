@@ -381,3 +381,20 @@ def test_kv_bound_says_which_concurrency_reading_applies():
     assert f["message"].endswith("\"Maximum concurrency 0.98x\" assumes every request fills max_model_len, this run ran "
                                  "4 at once: the reading that applies is the cache's 6 requests at this run's lengths "
                                  "(prompt + max_tokens, 10.0 blocks each on average)")
+
+
+def test_chunking_remedy_stays_within_eight_times_the_budget():
+    """A 9,000-token prompt chunked alone by a 512-token budget: one step would need 9,216,
+    18× the budget; the remedy offers 8× (4,096)."""
+    from tests.test_doctor_rules import Run
+
+    r = Run(budget=512, blocks=128)
+    r.add("L", 9000, 4)
+    chunks = [(k * 512, min((k + 1) * 512, 9000)) for k in range(18)]
+    for k, (a, b) in enumerate(chunks):
+        r.chunk("L", k, a, b, 9000, last=k == len(chunks) - 1)
+        r.step(prefill=b - a)
+    r.step(decode=1, times=4)
+    f = {f.id: f for f in r.analyze()[2]}["chunking-without-benefit"]
+    assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 4096)
+    assert "more than 8× the budget" in f.remedy.arithmetic

@@ -697,6 +697,8 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
             continue
         share = c.extra_steps / eng.steps
         want = round_up(max(c.longest_prompt, cfg.max_num_batched_tokens or 0), 256)
+        if cfg.max_num_batched_tokens:
+            want = min(want, BUDGET_MAX_FACTOR * cfg.max_num_batched_tokens)  # within what operators run
         msg = (f"{c.prompts} prompt{'s were' if c.prompts != 1 else ' was'} cut into chunks while nothing decoded "
                f"alongside: chunking only added {fmt_count(c.extra_steps)} step{'s' if c.extra_steps != 1 else ''} "
                f"({fmt_pct(share)} of the run) and "
@@ -716,9 +718,14 @@ def chunking_remedy(ctx: Context, f: Finding) -> Remedy | None:
     """A budget that holds the longest such prompt, rounded up to 256."""
     e: ChunkingEvidence = f.evidence
     want = f.basis
-    return Remedy("max_num_batched_tokens", want,
-                  f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens), rounded up to 256 → "
-                  f"max_num_batched_tokens {fmt_count(want)} prefills it in one step",
+    if want < e.example_prompt_len:
+        text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens) is more than {BUDGET_MAX_FACTOR}× "
+                f"the budget: max_num_batched_tokens {fmt_count(want)} ({BUDGET_MAX_FACTOR}×, the most offered) cuts it "
+                f"into fewer chunks")
+    else:
+        text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens), rounded up to 256 → "
+                f"max_num_batched_tokens {fmt_count(want)} prefills it in one step")
+    return Remedy("max_num_batched_tokens", want, text,
                   "when requests do decode alongside, a larger budget makes their steps longer (inter-token latency)",
                   SRC_SEED_34 + "; " + SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
 
