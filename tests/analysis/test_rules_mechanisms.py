@@ -398,3 +398,42 @@ def test_chunking_remedy_stays_within_eight_times_the_budget():
     f = {f.id: f for f in r.analyze()[2]}["chunking-without-benefit"]
     assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 4096)
     assert "more than 8× the budget" in f.remedy.arithmetic
+
+
+# -- every rule of tests/test_doctor_rules.py's streams, at other step times ------------------------
+
+
+def _retimed(s: Stream, per_step: float) -> Stream:
+    """``s`` (one step per second of event time from t = 100) at ``per_step`` seconds per
+    step: every time stamp moved proportionally, nothing else changed."""
+    out = Stream()
+    for ev in s.events:
+        ev = dict(ev)
+        for key in ("ts", "arrival_ts"):
+            if isinstance(ev.get(key), float):
+                ev[key] = 100.0 + (ev[key] - 100.0) * per_step
+        out.events.append(ev)
+    return out
+
+
+def _without_seconds(d):
+    if isinstance(d, dict):
+        return {k: _without_seconds(v) for k, v in d.items() if k not in SECONDS}
+    if isinstance(d, list):
+        return [_without_seconds(v) for v in d]
+    return d
+
+
+def test_every_rule_reads_the_same_at_any_step_time():
+    from tests import test_doctor_rules as t
+
+    runs = {"preemption-storm": t._storm(100, (100, 100)), "preemption-thrash": t._thrash(3, 10),
+            "head-of-line-blocking": t._hol(3), "kv-bound": t._bound({"kv_cache": 30}),
+            "budget-bound": t._bound({"token_budget": 30}),
+            "seqs-bound": t._bound({"max_num_seqs": 30}, kv=0.5, running=64), "stall": t._stall(5)}
+    for fid, run in runs.items():
+        fast, slow = (_found(_retimed(run.s, k)) for k in STEP_TIMES)
+        assert fid in fast, fid
+        assert set(fast) == set(slow)
+        for key in fast:
+            assert _without_seconds(fast[key].to_dict()) == _without_seconds(slow[key].to_dict()), key
