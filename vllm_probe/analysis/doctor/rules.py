@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -37,7 +37,7 @@ from .context import (
     wrote,
 )
 from .evidence import (
-    PrioritySlotWaitEvidence, PriorityWaitEntry, RunningRequest, UnexplainedWaitEvidence, WaitEntry,
+    Evidence, PrioritySlotWaitEvidence, PriorityWaitEntry, RunningRequest, UnexplainedWaitEvidence, WaitEntry,
     BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
     NotCheckedEvidence,
     NotInV1, SettingDiffers, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
@@ -497,7 +497,7 @@ def held_slots(ctx: Context) -> list[Finding]:
 def held_slots_remedy(ctx: Context, f: Finding) -> Remedy | None:
     """``async_scheduling`` off; or ``max_num_seqs`` up by the most slots held, within what
     the KV cache holds at full length."""
-    e: HeldSlotsEvidence = f.evidence
+    e = _ev(f, HeldSlotsEvidence)
     eng, ep = f.basis
     cfg = eng.config
     alternatives = []
@@ -532,7 +532,7 @@ def _seqs_cap(eng: Any, ep: EngineEpisodes) -> int | None:
 
 
 def view_held(f: Finding) -> list[str]:
-    e: HeldSlotsEvidence = f.evidence
+    e = _ev(f, HeldSlotsEvidence)
     return [f"held steps {_steps(e.step_range)} · slots held max {e.held_max} ({fmt_count(e.held_slot_steps)} slot-steps) · "
             f"running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max {e.waiting_max}",
             f"tokens per held step {fmt_count(e.tokens_min)}–{fmt_count(e.tokens_max)} (mean {e.tokens_mean:,.0f}) · "
@@ -573,7 +573,7 @@ def priority_slot_wait(ctx: Context) -> list[Finding]:
 
 def priority_slot_remedy(ctx: Context, f: Finding) -> Remedy | None:
     """``max_num_seqs`` up by the requests that waited (within what the cache holds at full length)."""
-    e: PrioritySlotWaitEvidence = f.evidence
+    e = _ev(f, PrioritySlotWaitEvidence)
     eng, ep = f.basis
     seqs = eng.config.max_num_seqs or 0
     add = min(e.requests, len(e.waits)) or 1
@@ -594,7 +594,7 @@ def priority_slot_remedy(ctx: Context, f: Finding) -> Remedy | None:
 
 
 def view_priority(f: Finding) -> list[str]:
-    e: PrioritySlotWaitEvidence = f.evidence
+    e = _ev(f, PrioritySlotWaitEvidence)
     return [f"{w.req_id} (priority {w.priority}) waited {_steps(w.steps)}, {fmt_count(w.slot_steps)} steps with the "
             f"running queue full; running meanwhile: " + ", ".join(f"{r.req_id} (priority {r.priority})"
                                                                    for r in w.lower_priority_running)
@@ -660,7 +660,7 @@ TOP_WAITS_LISTED = 8
 
 
 def view_unexplained(f: Finding) -> list[str]:
-    e: UnexplainedWaitEvidence = f.evidence
+    e = _ev(f, UnexplainedWaitEvidence)
     out = [f"{w.req_id} waited {fmt_count(w.waited_steps)} steps, {_steps(w.steps)}"
            + ("" if w.admitted else " (still waiting at the end)")
            + (f": head blocked by {_reasons(w.head_blocked_by)}" if w.head_blocked_by else "") for w in e.requests[:4]]
@@ -716,7 +716,7 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
 
 def chunking_remedy(ctx: Context, f: Finding) -> Remedy | None:
     """A budget that holds the longest such prompt, rounded up to 256."""
-    e: ChunkingEvidence = f.evidence
+    e = _ev(f, ChunkingEvidence)
     want = f.basis
     if want < e.example_prompt_len:
         text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens) is more than {BUDGET_MAX_FACTOR}× "
@@ -853,7 +853,7 @@ def _reasons(d: dict[str, int]) -> str:
 
 
 def view_storm(f: Finding) -> list[str]:
-    e: StormEvidence = f.evidence
+    e = _ev(f, StormEvidence)
     out = []
     if e.busiest_steps:
         out.append("busiest steps: " + ", ".join(f"{b.step} ({', '.join(b.preempted[:3])})" for b in e.busiest_steps))
@@ -864,7 +864,7 @@ def view_storm(f: Finding) -> list[str]:
 
 
 def view_thrash(f: Finding) -> list[str]:
-    e: ThrashEvidence = f.evidence
+    e = _ev(f, ThrashEvidence)
     requests = e.requests
     out = [f"{r.req_id} ×{r.preemptions} at steps {', '.join(str(s) for s in r.steps[:8])}"
            f"{' …' if len(r.steps) > 8 else ''} (discarded {fmt_count_or(r.discarded_tokens)} tok, "
@@ -878,7 +878,7 @@ def view_thrash(f: Finding) -> list[str]:
 
 
 def view_hol(f: Finding) -> list[str]:
-    e: HolEvidence = f.evidence
+    e = _ev(f, HolEvidence)
     out = [f"{b.req_id} (prompt {fmt_count_or(b.prompt_len)}) waited {b.waited_steps} steps, {_steps(b.steps)}: "
            f"queue {fmt_duration(b.queue_s)} of TTFT {fmt_duration(b.ttft_s)}" for b in e.blocked[:4]]
     for t in e.takers[:4]:
@@ -889,14 +889,14 @@ def view_hol(f: Finding) -> list[str]:
 
 
 def view_bound(f: Finding) -> list[str]:
-    e: BoundEvidence = f.evidence
+    e = _ev(f, BoundEvidence)
     return [f"steps {_steps(e.step_range)} · running max {e.running_max} (mean {e.running_mean:.1f}) · "
             f"waiting max {e.waiting_max} (mean {e.waiting_mean:.1f}) · KV {fmt_figure(e.kv_usage_mean, '%')} "
             f"mean" + (" · inferred from the queues" if e.inferred_from_queues else "")]
 
 
 def view_stall(f: Finding) -> list[str]:
-    e: StallEvidence = f.evidence
+    e = _ev(f, StallEvidence)
     out = ["stalls at steps " + ", ".join(_steps(s) for s in e.stalls)]
     if e.head_blocked_by:
         out.append("head blocked by " + _reasons(e.head_blocked_by))
@@ -906,12 +906,12 @@ def view_stall(f: Finding) -> list[str]:
 
 
 def view_chunking(f: Finding) -> list[str]:
-    e: ChunkingEvidence = f.evidence
+    e = _ev(f, ChunkingEvidence)
     return [f"e.g. {e.example} ({fmt_count_or(e.example_prompt_len)} tokens), steps {_steps(e.example_steps)}"]
 
 
 def view_config(f: Finding) -> list[str]:
-    e: ConfigEvidence = f.evidence
+    e = _ev(f, ConfigEvidence)
     out = [f"{d.setting}: expected {fmt_figure(d.expected)}, in force {fmt_figure(d.effective)}" for d in e.differs]
     if e.not_recorded:
         out.append("not recorded by engine_config (not checked): " + ", ".join(e.not_recorded))
@@ -921,7 +921,7 @@ def view_config(f: Finding) -> list[str]:
 
 
 def view_underloaded(f: Finding) -> list[str]:
-    e: UnderloadedEvidence = f.evidence
+    e = _ev(f, UnderloadedEvidence)
     return [f"requests waited after {fmt_count_or(e.waiting_steps)} of {fmt_count_or(e.total_steps)} steps · "
             f"median step {fmt_figure(e.budget_use_median, '%')} of the token budget"
             + (" · one offline burst" if e.burst else "")]
@@ -996,12 +996,46 @@ KNOB_ASYNC_OFF = Knob("async_scheduling", "set", lambda settings, finding: [Fals
 
 
 def _hol_goal(f: Finding) -> Goal:
-    e: HolEvidence = f.evidence
+    e = _ev(f, HolEvidence)
     return Goal("ttft_p90", reduce_by=0.5, requests=tuple(b.req_id for b in e.blocked))
 
 
 def _first_of(r: list[int] | None) -> int | None:
     return r[0] if r and isinstance(r[0], int) else None
+
+
+E = TypeVar("E", bound=Evidence)
+
+
+def _ev(f: Finding, cls: type[E]) -> E:
+    """``f.evidence`` as its rule's type (every finding of a rule carries that type)."""
+    e = f.evidence
+    assert isinstance(e, cls), (f.id, type(e).__name__)
+    return e
+
+
+def _thrash_step(f: Finding) -> int | None:
+    e = _ev(f, ThrashEvidence)
+    return e.requests[0].steps[0] if e.requests and e.requests[0].steps else None
+
+
+def _hol_step(f: Finding) -> int | None:
+    e = _ev(f, HolEvidence)
+    return e.blocked[0].steps[0] if e.blocked else None
+
+
+def _bound_step(f: Finding) -> int | None:
+    return _first_of(_ev(f, BoundEvidence).step_range)
+
+
+def _priority_step(f: Finding) -> int | None:
+    e = _ev(f, PrioritySlotWaitEvidence)
+    return e.waits[0].steps[0] if e.waits else None
+
+
+def _unexplained_step(f: Finding) -> int | None:
+    e = _ev(f, UnexplainedWaitEvidence)
+    return e.requests[0].steps[0] if e.requests else None
 
 
 # -- the catalogue ----------------------------------------------------------------------------------
@@ -1030,7 +1064,7 @@ CATALOGUE: tuple[Rule, ...] = (
         goal=lambda f: (Goal("held_slot_steps", reduce_by=0.9) if f.basis and f.basis[0] == "async"
                         else Goal("queue_p90", reduce_by=0.3)),
         knobs=(KNOB_BLOCKS_UP, KNOB_ASYNC_OFF),
-        arithmetic=stall_remedy, view=view_stall, step=lambda f: f.evidence.first_step,
+        arithmetic=stall_remedy, view=view_stall, step=lambda f: _ev(f, StallEvidence).first_step,
         severity=(CRITICAL, WARNING)),
     Rule(
         "preemption-thrash",
@@ -1050,7 +1084,7 @@ CATALOGUE: tuple[Rule, ...] = (
         goal=lambda f: Goal("worst_request_preemptions", at_most=1),
         knobs=(KNOB_SEQS_DOWN, KNOB_BLOCKS_UP),
         arithmetic=storm_remedy, view=view_thrash,
-        step=lambda f: f.evidence.requests[0].steps[0] if f.evidence.requests and f.evidence.requests[0].steps else None,
+        step=_thrash_step,
         severity=(CRITICAL, WARNING)),
     Rule(
         "preemption-storm",
@@ -1068,7 +1102,7 @@ CATALOGUE: tuple[Rule, ...] = (
          _t("STORM_CRITICAL_DISCARD_SHARE", "share of computed tokens", "as much computed work thrown away as kept")),
         goal=lambda f: Goal("preemptions", reduce_by=0.9),
         knobs=(KNOB_SEQS_DOWN, KNOB_BLOCKS_UP),
-        arithmetic=storm_remedy, view=view_storm, step=lambda f: f.evidence.first_step,
+        arithmetic=storm_remedy, view=view_storm, step=lambda f: _ev(f, StormEvidence).first_step,
         severity=(CRITICAL, WARNING)),
     Rule(
         "head-of-line-blocking",
@@ -1089,7 +1123,7 @@ CATALOGUE: tuple[Rule, ...] = (
         goal=_hol_goal,
         knobs=(KNOB_LONG_PREFILL, KNOB_BUDGET_UP, KNOB_PRIORITY),
         arithmetic=head_of_line_remedy, view=view_hol,
-        step=lambda f: f.evidence.blocked[0].steps[0] if f.evidence.blocked else None),
+        step=_hol_step),
     Rule(
         "kv-bound",
         "Admission needs the head's whole prompt to fit the free KV blocks (vLLM 0.32 "
@@ -1103,7 +1137,7 @@ CATALOGUE: tuple[Rule, ...] = (
          Threshold("KV_FULL", KV_FULL, "share of KV blocks", SRC_SGLANG + ": token usage > 0.9 is good utilization")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_BLOCKS_UP, KNOB_SEQS_DOWN),
-        arithmetic=kv_bound_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range)),
+        arithmetic=kv_bound_remedy, view=view_bound, step=_bound_step),
     Rule(
         "seqs-bound",
         "The WAITING loop stops when the running requests reach max_num_seqs (vLLM 0.32 "
@@ -1115,7 +1149,7 @@ CATALOGUE: tuple[Rule, ...] = (
          Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_SEQS_UP,),
-        arithmetic=seqs_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range)),
+        arithmetic=seqs_remedy, view=view_bound, step=_bound_step),
     Rule(
         "budget-bound",
         "The step's token budget (max_num_batched_tokens) is spent before the waiting queue is "
@@ -1127,7 +1161,7 @@ CATALOGUE: tuple[Rule, ...] = (
          Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_BUDGET_UP,),
-        arithmetic=budget_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range),
+        arithmetic=budget_remedy, view=view_bound, step=_bound_step,
         severity=(INFO,)),
     Rule(
         "held-slots",
@@ -1146,7 +1180,8 @@ CATALOGUE: tuple[Rule, ...] = (
             "below it a finished request's one-step hold is incidental")),
         goal=lambda f: Goal("held_slot_steps", reduce_by=0.9),
         knobs=(KNOB_ASYNC_OFF, KNOB_SEQS_UP),
-        arithmetic=held_slots_remedy, view=view_held, step=lambda f: _first_of(f.evidence.step_range)),
+        arithmetic=held_slots_remedy, view=view_held,
+        step=lambda f: _first_of(_ev(f, HeldSlotsEvidence).step_range)),
     Rule(
         "config-not-applied",
         "The engine ran with settings other than the file meant: command-line flags and engine "
@@ -1166,7 +1201,8 @@ CATALOGUE: tuple[Rule, ...] = (
         (_t("CHUNK_ALONE_WARN_SHARE", "share of steps", MEASURED),),
         goal=lambda f: Goal("reread_kv_tokens", reduce_by=0.5),
         knobs=(KNOB_BUDGET_UP,),
-        arithmetic=chunking_remedy, view=view_chunking, step=lambda f: _first_of(f.evidence.example_steps),
+        arithmetic=chunking_remedy, view=view_chunking,
+        step=lambda f: _first_of(_ev(f, ChunkingEvidence).example_steps),
         severity=(WARNING, INFO)),
     Rule(
         "priority-slot-wait",
@@ -1180,10 +1216,11 @@ CATALOGUE: tuple[Rule, ...] = (
         PrioritySlotWaitEvidence,
         (Threshold("PRIORITY_WAIT_MIN_STEPS", PRIORITY_WAIT_MIN_STEPS, "steps with the running queue full",
                    "as HOL_MIN_WAIT_STEPS: a few steps, not one finishing request (episodes.py)"),),
-        goal=lambda f: Goal("queue_p90", reduce_by=0.5, requests=tuple(w.req_id for w in f.evidence.waits)),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.5,
+                            requests=tuple(w.req_id for w in _ev(f, PrioritySlotWaitEvidence).waits)),
         knobs=(KNOB_SEQS_UP,),
         arithmetic=priority_slot_remedy, view=view_priority,
-        step=lambda f: f.evidence.waits[0].steps[0] if f.evidence.waits else None),
+        step=_priority_step),
     Rule(
         "unexplained-wait",
         "A request waits from its arrival until the WAITING loop admits it (vLLM 0.32 "
@@ -1197,7 +1234,7 @@ CATALOGUE: tuple[Rule, ...] = (
         (_t("ADMIT_WITHIN_STEPS", "steps from arrival to the first chunk",
             MEASURED + ": the longest wait in the healthy scenarios is at most 2 steps"),),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
-        view=view_unexplained, step=lambda f: f.evidence.requests[0].steps[0] if f.evidence.requests else None),
+        view=view_unexplained, step=_unexplained_step),
     Rule(
         "underloaded",
         "Requests rarely waited and the median step used little of its budget: the client, not "
@@ -1255,6 +1292,8 @@ def reference() -> str:
             out.append("Knobs: " + ", ".join(f"`{k.setting}` ({k.direction})" for k in rule.knobs) + ".")
             out.append("")
         ev = rule.evidence
+        if ev is None:
+            continue
         out.append(f"Evidence (`{ev.__name__}`):")
         out.append("")
         _fields(ev, out, seen)
@@ -1268,6 +1307,7 @@ def _fields(ev: type, out: list[str], seen: set[type]) -> None:
     out.append("| field | type | meaning |")
     out.append("|---|---|---|")
     info = msgspec.inspect.type_info(ev)
+    assert isinstance(info, msgspec.inspect.StructType)
     for fld in info.fields:
         t = fld.type
         out.append(f"| `{fld.encode_name}` | {_describe(t, nested)} | {docs.get(fld.name, '')} |")
@@ -1294,7 +1334,7 @@ def _describe(t: Any, nested: list[type]) -> str:
         if t.cls not in nested:
             nested.append(t.cls)
         return f"`{t.cls.__name__}`"
-    names = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool", mi.AnyType: "any"}
+    names: dict[type, str] = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool", mi.AnyType: "any"}
     return names.get(type(t), type(t).__name__)
 
 
