@@ -69,7 +69,7 @@ def test_held_slots_busy_shape_evidence():
     ev = f.to_dict()["evidence"]
     # every second step schedules 0 tokens with all 16 slots held
     assert ev == {"held_steps": 20, "waiting_steps": 40, "share_of_waiting_steps": 0.5, "held_slot_steps": 320,
-                  "held_max": 16, "step_range": [1, 39], "max_num_seqs": 16, "running_max": 16, "waiting_max": 484,
+                  "held_slot_share": 0.5, "held_max": 16, "step_range": [1, 39], "max_num_seqs": 16, "running_max": 16, "waiting_max": 484,
                   "tokens_min": 0, "tokens_max": 0, "tokens_mean": 0.0, "head_blocked_by": {"deferred": 20},
                   "scheduler_class": "AsyncScheduler"}
     assert (f.remedy.setting, f.remedy.value) == ("async_scheduling", False)
@@ -88,6 +88,19 @@ def test_no_held_slots_under_the_synchronous_scheduler():
     """The same queue shape under the synchronous Scheduler: no held slot (a finished request
     leaves the running queue before the next schedule())."""
     assert "held-slots" not in _found(_held_stream("quiet", 0.001, scheduler="Scheduler"))
+
+
+def test_held_slots_not_for_one_finishing_request_per_step():
+    """Long outputs: one request of 16 finishes per step, its slot held one step: 1/16 of
+    the slots (below HELD_MIN_SLOT_SHARE 0.1) is the normal cost of async scheduling."""
+    s = Stream()
+    s.config(10.0, budget=4096, max_num_seqs=SEQS, scheduler_class="AsyncScheduler", async_scheduling=True,
+             num_kv_blocks=4096, block_size=16)
+    for n in range(40):
+        ev = s.step(11.0 + n * 0.01, n, 4096, prefill=PROMPT, decode=14, running=SEQS, waiting=100 - n, kv=0.3,
+                    prefill_reqs=1, decode_reqs=14)  # 1 admitted, 14 decoding, 1 slot held
+        ev["head_blocked_by"] = "deferred"
+    assert "held-slots" not in _found(s)
 
 
 def test_held_slots_needs_a_few_steps():

@@ -246,6 +246,7 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
         waiting_steps: steps of the async engine core after which requests waited.
         share_of_waiting_steps: held_steps / waiting_steps (0..1).
         held_slot_steps: held slots summed over the held steps (slot-steps).
+        held_slot_share: held_slot_steps / (max_num_seqs × waiting_steps): the share of the running slots held while requests waited (0..1).
         held_max: most slots held in one step.
         step_range: the first and last held step, ``[first, last]``.
         max_num_seqs: the engine's max_num_seqs.
@@ -262,6 +263,7 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
     waiting_steps: int
     share_of_waiting_steps: float
     held_slot_steps: int
+    held_slot_share: float
     held_max: int
     step_range: list[int]
     max_num_seqs: int | None

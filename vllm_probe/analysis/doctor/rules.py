@@ -94,6 +94,11 @@ HELD_MIN_STEPS = 3
 #: ... and at least this share of the async engine's steps with requests waiting (below it
 #: the held slots are incidental: a finished request frees its slot one step later anyway).
 HELD_MIN_SHARE = 0.2
+#: ... and the held slots at least this share of the slots (max_num_seqs per async step with
+#: requests waiting): with long outputs one finishing request holds 1 of max_num_seqs slots
+#: for one step now and then, a few percent of the capacity; with one-token outputs half of
+#: the slots are held (design.md §7: every other step).
+HELD_MIN_SLOT_SHARE = 0.1
 #: "Nothing held this run back" is said only when every request was admitted within this
 #: many steps of arriving (its first prefill chunk); a longer wait that no rule explains is
 #: ``unexplained-wait`` (issue 17: the all-clear must be earned). Measured here: the
@@ -463,7 +468,9 @@ def stall_remedy(ctx: Context, f: Finding) -> Remedy | None:
 def _held_fires(ep: EngineEpisodes) -> bool:
     """Whether held-slots' thresholds are met on this engine core."""
     h = ep.held
-    return h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
+    seqs = ep.eng.config.max_num_seqs if ep.eng.config is not None else None
+    return (h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
+            and bool(seqs) and h.slot_steps >= HELD_MIN_SLOT_SHARE * seqs * h.waiting_steps)
 
 
 def held_slots(ctx: Context) -> list[Finding]:
@@ -487,7 +494,8 @@ def held_slots(ctx: Context) -> list[Finding]:
                f"{fmt_count(h.tokens_max)} tokens)")
         out.append(Finding("held-slots", WARNING, msg, HeldSlotsEvidence(
             engine=engine_of(ctx, eng), held_steps=h.steps, waiting_steps=h.waiting_steps,
-            share_of_waiting_steps=round(share, 4), held_slot_steps=h.slot_steps, held_max=h.held_max,
+            share_of_waiting_steps=round(share, 4), held_slot_steps=h.slot_steps,
+            held_slot_share=round(h.slot_steps / (cfg.max_num_seqs * h.waiting_steps), 4), held_max=h.held_max,
             step_range=[h.first_step, h.last_step], max_num_seqs=cfg.max_num_seqs, running_max=h.running_max,
             waiting_max=h.waiting_max, tokens_min=h.tokens_min, tokens_max=h.tokens_max, tokens_mean=round(mean, 2),
             head_blocked_by=dict(h.reasons), scheduler_class=cfg.scheduler_class), basis=(eng, ep)))
@@ -1177,7 +1185,9 @@ CATALOGUE: tuple[Rule, ...] = (
         HeldSlotsEvidence,
         (_t("HELD_MIN_STEPS", "steps", "held steps: at least a few, not one finishing request"),
          _t("HELD_MIN_SHARE", "share of the async steps with requests waiting",
-            "below it a finished request's one-step hold is incidental")),
+            "below it a finished request's one-step hold is incidental"),
+         _t("HELD_MIN_SLOT_SHARE", "share of max_num_seqs × the async steps with requests waiting",
+            "long outputs hold a slot for one step in hundreds (a few percent); one-token outputs half of them")),
         goal=lambda f: Goal("held_slot_steps", reduce_by=0.9),
         knobs=(KNOB_ASYNC_OFF, KNOB_SEQS_UP),
         arithmetic=held_slots_remedy, view=view_held,
