@@ -392,8 +392,9 @@ def test_kv_bound_says_which_concurrency_reading_applies():
     f = {f.id: f for f in r.analyze()[2]}["kv-bound"].to_dict()
     assert f["evidence"]["vllm_max_concurrency"] == 0.98 and f["evidence"]["concurrency_at_run_lengths"] == 6
     assert f["message"].endswith("\"Maximum concurrency 0.98x\" assumes every request fills max_model_len, this run ran "
-                                 "4 at once: the reading that applies is the cache's 6 requests at this run's lengths "
-                                 "(prompt + max_tokens, 10.0 blocks each on average)")
+                                 "4 at once; at this run's request lengths (prompt + max_tokens, 10.0 blocks each on "
+                                 "average) the cache holds 6 requests to the end at once: that is the reading that "
+                                 "applies")
 
 
 def test_chunking_remedy_stays_within_eight_times_the_budget():

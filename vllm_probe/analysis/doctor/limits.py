@@ -188,8 +188,9 @@ def bound(ctx: Context) -> list[Finding]:
                     msg += (f"; vLLM's start-up line \"Maximum concurrency {concurrency:.2f}x\" assumes every request "
                             f"fills max_model_len, this run ran {agg.running_max} at once")
                     if at_run is not None:
-                        msg += (f": the reading that applies is the cache's {fmt_count(at_run)} requests at this run's "
-                                f"lengths (prompt + max_tokens, {per:.1f} blocks each on average)")
+                        msg += (f"; at this run's request lengths (prompt + max_tokens, {per:.1f} blocks each on "
+                                f"average) the cache holds {fmt_count(at_run)} request{'s' if at_run != 1 else ''} to "
+                                f"the end at once: that is the reading that applies")
             out.append(Finding("kv-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
         elif fid == "budget-bound":
             use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
