@@ -17,6 +17,9 @@ bounded memory:
 * **chunking without benefit** — first prefill passes cut into several chunks while no
   request decoded alongside (seed notes §3.4: chunking then only adds steps and KV
   re-reads);
+* **held slots** — under ``AsyncScheduler``, steps whose running queue was full while
+  requests waited, with running requests that scheduled nothing: slots held by requests
+  whose last token is in flight (:class:`HeldSlots`);
 * **KV demand** — the KV blocks the admitted requests would need at full length
   (prompt + ``max_tokens``, capped at ``max_model_len``), its peak and the running
   requests at the peak: the arithmetic behind the KV-cache remedies.
@@ -50,8 +53,9 @@ TOP_K = 8
 CHUNK_RING = 32_768
 #: Preemption steps kept per request (a request preempted more often keeps its count).
 PREEMPT_STEPS_KEEP = 32
-#: A request is short, for head-of-line blocking, when its prompt is at most this share of
-#: the token budget (it would fit any step's budget many times over).
+#: A request is short, for head-of-line blocking, when the tokens it has left to compute
+#: (prompt minus its prefix-cache hit: a cache-warm follow-up with a long prompt is short)
+#: are at most this share of the token budget (it would fit any step's budget many times over).
 SHORT_PROMPT_SHARE = 0.25
 #: A wait counts as most of a request's time to first token from this share (queue time /
 #: TTFT). AIPerf and vLLM's benchmark report TTFT including queueing; this separates it.
@@ -81,6 +85,12 @@ class Wait:
     queue_s: float | None = None
     ttft_s: float | None = None
     ttft_steps: int | None = None
+    hit_tokens: int = 0  # of its prompt, served by the prefix cache on its first chunk
+
+    @property
+    def to_compute(self) -> int | None:
+        """Prompt tokens it had left to compute (prompt minus its prefix-cache hit)."""
+        return None if self.prompt_len is None else max(self.prompt_len - self.hit_tokens, 0)
 
     @property
     def steps(self) -> int:
@@ -120,9 +130,77 @@ class ChunkedAlone:
     example_steps: tuple[int, int] | None = None  # its first and last chunk's steps
 
 
-#: An admitted request whose first token is not known yet: (arrival_step, first_step,
-#: prompt_len, head_blocked_counts at arrival or None, at admission).
-_Waiting = tuple[int, int, int | None, dict[str, int] | None, dict[str, int]]
+#: head_blocked_by reasons a held slot shows as: the running queue is full
+#: (``max_num_seqs``), which the probe reads as ``deferred`` while the slots are held by
+#: requests whose last token is in flight (design.md §7: every waiting step reads
+#: ``deferred`` on vLLM 0.32).
+HELD_REASONS = ("deferred", "max_num_seqs")
+
+
+@dataclass(slots=True)
+class HeldSlots:
+    """Steps of an ``AsyncScheduler`` engine core whose running queue held slots for
+    requests that had produced their last token.
+
+    vLLM 0.32's ``Scheduler.schedule`` skips a running request whose in-flight tokens
+    already reach its ``max_tokens`` (vllm/v1/core/sched/scheduler.py:663-678: async
+    scheduling, ``num_output_placeholders``); it leaves ``self.running`` only when that
+    step's output is processed (``update_from_output``, :2294-2295), after the next step
+    was scheduled. Until then it holds a slot, and the WAITING loop stops at
+    ``max_num_seqs`` (:921-924). A step counts when requests waited after it, the running
+    queue was at ``max_num_seqs``, the head was blocked by one of :data:`HELD_REASONS`
+    (or the run records no reason), and some running requests scheduled nothing
+    (``running - prefill_reqs - decode_reqs`` > 0: the held slots). Step-based only, so
+    the same mechanism reads the same at any step rate.
+
+    Attributes:
+        waiting_steps: steps of the async engine after which requests waited.
+        steps: held steps (those that count, above).
+        slot_steps: held slots summed over them (slot-steps: the goal figure ``held_slot_steps``).
+        held_max: most slots held in one step.
+        first_step, last_step: the first and last held step (-1: none).
+        running_max, waiting_max: most running / waiting in a held step.
+        tokens_min, tokens_max: fewest / most tokens a held step scheduled (the shape:
+            0/4,096 on a busy machine, 256/3,840 on a quiet one, design.md §7).
+        tokens_sum: tokens the held steps scheduled.
+        reasons: held steps per head_blocked_by reason.
+    """
+
+    waiting_steps: int = 0
+    steps: int = 0
+    slot_steps: int = 0
+    held_max: int = 0
+    first_step: int = -1
+    last_step: int = -1
+    running_max: int = 0
+    waiting_max: int = 0
+    tokens_min: int = -1
+    tokens_max: int = 0
+    tokens_sum: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+#: priority-slot-wait: a request counts when the head was blocked by a full running queue
+#: (:data:`HELD_REASONS`) in at least this many steps of its wait.
+PRIORITY_WAIT_MIN_STEPS = 3
+
+
+@dataclass(slots=True)
+class PriorityWait:
+    """Under the priority policy, a request that waited for a running slot while requests of
+    lower priority (a larger priority value) held slots throughout its wait.
+
+    ``slot_steps``: steps of its wait whose head_blocked_by was a full running queue;
+    ``lower``: ``(req_id, priority)`` of running requests admitted before it arrived and
+    still running when it was admitted (up to 4)."""
+
+    req_id: str
+    priority: int
+    arrival_step: int
+    first_step: int
+    slot_steps: int
+    reasons: dict[str, int]
+    lower: list[tuple[str, int]]
 
 
 class _Pass:
@@ -159,11 +237,17 @@ class EngineEpisodes:
         self._ring: list[tuple[int, str, int, int]] = []  # (step, req_id, tokens, prompt_len), by step
         self._passes: dict[str, _Pass] = {}
         self.chunked_alone = ChunkedAlone()
+        self.held = HeldSlots()
+        # priority policy: running requests' (admission step, priority), and the waits for a slot
+        self._running_since: dict[str, tuple[int, int | None]] = {}
+        self.priority_waits = Ranked(TOP_K)
+        self.priority_wait_count = 0
         # preemptions
         self.preempting_steps = Ranked(TOP_K)
         self.first_preempt: tuple[int, int] | None = None  # (step, running queue after it)
         self._preempt_steps: dict[str, list[int]] = {}
         self.repeated = Ranked(TOP_K)
+        self.victim_priorities: dict[int, int] = {}  # preemptions per victim's priority value
         # KV demand at full length of the admitted requests, in blocks
         self._admitted: dict[str, int] = {}
         self.demand_blocks = 0
@@ -335,6 +419,11 @@ class Episodes(StateListener):
                 if req.first_scheduled_step == ev.step:
                     ep._waiting[rid] = (req.arrival_step, step, req.prompt_len, ep._arrival_counts.pop(rid, None),
                                         ep._counts_now())
+                    cfg = eng.config
+                    if cfg is not None and cfg.scheduling_policy == "priority":
+                        self._priority_admitted(ep, req, step, ep._waiting[rid])
+            if eng.config is not None and eng.config.scheduling_policy == "priority":
+                ep._running_since.setdefault(rid, (step, req.priority))
         if ep._passes:
             p = ep._passes.get(rid)
             if p is not None:
@@ -361,7 +450,26 @@ class Episodes(StateListener):
             ep.peak_running = len(ep._admitted)
             ep.peak_step = step
 
+    def _priority_admitted(self, ep: EngineEpisodes, req: RequestState, step: int, w: tuple) -> None:
+        """A request admitted under the priority policy: did it wait for a slot that requests of
+        lower priority held throughout its wait (:class:`PriorityWait`)?"""
+        arrival, _, _, then, now = w
+        if req.priority is None or then is None:
+            return
+        reasons = _diff(now, then)
+        slot_steps = sum(reasons.get(r, 0) for r in HELD_REASONS)
+        if slot_steps < PRIORITY_WAIT_MIN_STEPS:
+            return
+        lower = sorted(((rid, p) for rid, (since, p) in ep._running_since.items()
+                        if since <= arrival and p is not None and p > req.priority), key=lambda x: (-x[1], x[0]))
+        if not lower:
+            return
+        ep.priority_wait_count += 1
+        ep.priority_waits.offer((slot_steps, -arrival), PriorityWait(
+            req.req_id, req.priority, arrival, step, slot_steps, reasons, lower[:4]))
+
     def _release(self, ep: EngineEpisodes, rid: str) -> None:
+        ep._running_since.pop(rid, None)
         blocks = ep._admitted.pop(rid, None)
         if blocks is not None:
             ep.demand_blocks -= blocks
@@ -371,6 +479,8 @@ class Episodes(StateListener):
         rid = req.req_id
         self._release(ep, rid)
         ep._passes.pop(rid, None)
+        if req.priority is not None:
+            ep.victim_priorities[req.priority] = ep.victim_priorities.get(req.priority, 0) + 1
         if ep.first_preempt is None and ev.step is not None and ev.running is not None:
             ep.first_preempt = (ev.step, ev.running)
         steps = ep._preempt_steps.get(rid)
@@ -398,13 +508,15 @@ class Episodes(StateListener):
         queue_s, ttft_s = req.queue_time_s, req.ttft_s
         key = (wait_steps, queue_s or 0.0)
         budget = eng.config.max_num_batched_tokens if eng.config is not None else None
-        blocked = (budget and plen is not None and plen <= SHORT_PROMPT_SHARE * budget and wait_steps > 0
+        to_compute = None if plen is None else plen - (req.prefix_hit_tokens or 0)
+        blocked = (budget and to_compute is not None and to_compute <= SHORT_PROMPT_SHARE * budget and wait_steps > 0
                    and queue_s is not None and ttft_s and queue_s >= QUEUE_SHARE_OF_TTFT * ttft_s)
         if blocked:
             ep.blocked_short_count += 1
         if ep.longest_waits.would_enter(key) or (blocked and ep.blocked_short.would_enter(key)):
             wait = ep._wait(rid, w)
             wait.queue_s, wait.ttft_s, wait.ttft_steps = queue_s, ttft_s, req.ttft_steps
+            wait.hit_tokens = req.prefix_hit_tokens or 0
             ep.longest_waits.offer(key, wait)
             if blocked:
                 ep.blocked_short.offer(key, wait)
@@ -420,14 +532,44 @@ class Episodes(StateListener):
         if ev.preempted:
             step = eng.last_step if ev.step is None else ev.step
             ep.preempting_steps.offer((len(ev.preempted), -step), (step, list(ev.preempted)))
+        if ev.waiting:
+            cfg = eng.config
+            if cfg is not None and (cfg.async_scheduling or cfg.scheduler_class == "AsyncScheduler"):
+                self._held_step(ep, eng, ev, cfg.max_num_seqs)
         stall = eng.timeline.stalls.open
         if stall is not None and stall.head is None and stall.steps == 1:  # a stall begins: who is the head
             head = ep._head_request()
             if head is not None:
                 stall.head, stall.head_prompt_len = head.req_id, head.prompt_len
 
-    def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list[tuple[str, int, bool]],
-                          passes: dict[str, _Pass]) -> None:
+    def _held_step(self, ep: EngineEpisodes, eng: EngineState, ev: Any, seqs: int | None) -> None:
+        """One step of an async engine core after which requests waited (:class:`HeldSlots`)."""
+        h = ep.held
+        h.waiting_steps += 1
+        running = ev.running or 0
+        reason = ev.head_blocked_by
+        if not seqs or running < seqs or (reason is not None and reason not in HELD_REASONS):
+            return
+        held = running - (ev.prefill_reqs or 0) - (ev.decode_reqs or 0)
+        if held <= 0:
+            return
+        step = eng.last_step if ev.step is None else ev.step
+        tokens = ev.scheduled_tokens or 0
+        h.steps += 1
+        h.slot_steps += held
+        h.held_max = max(h.held_max, held)
+        if h.first_step < 0:
+            h.first_step = step
+        h.last_step = step
+        h.running_max = max(h.running_max, running)
+        h.waiting_max = max(h.waiting_max, ev.waiting)
+        h.tokens_min = tokens if h.tokens_min < 0 else min(h.tokens_min, tokens)
+        h.tokens_max = max(h.tokens_max, tokens)
+        h.tokens_sum += tokens
+        key = reason or "unrecorded"
+        h.reasons[key] = h.reasons.get(key, 0) + 1
+
+    def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list, passes: dict) -> None:
         """The step of ``chunks`` ended: did anything decode beside them, did a pass end."""
         if ev.decode_tokens:
             for rid, _, _ in chunks:

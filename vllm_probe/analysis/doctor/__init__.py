@@ -3,7 +3,8 @@
 :func:`examine` reads a run (recorded or simulated) once through the shared state with
 :class:`~vllm_probe.analysis.episodes.Episodes` attached, and applies the catalogue of
 :mod:`.rules`; :func:`diagnose` applies it to any state (the dashboard's findings panel
-calls it on the live state). Findings are :class:`~.findings.Finding` (worst first);
+calls it on the live state). Each rule is one :class:`~.rule.Rule` (``RULES[id]``: mechanism, thresholds, typed
+evidence, goal, knobs, arithmetic, view). Findings are :class:`~.findings.Finding` (worst first);
 ``--whatif`` predictions are attached by :mod:`.predict`.
 """
 
@@ -22,16 +23,15 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .context import Context
-from .rules import CATALOGUE, FINDING_IDS
+from .rules import CATALOGUE, FINDING_IDS, RULES, Context, all_clear
 
 __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
-           "diagnose", "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
+           "diagnose", "examine", "has_critical", "FINDING_IDS", "RULES", "expected_of_meta"]
 
 
 #: Findings that say the scheduler held requests back (``underloaded`` is dropped beside them).
 HELD_BACK = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
-             "budget-bound")
+             "budget-bound", "held-slots", "unexplained-wait", "priority-slot-wait")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,10 @@ class Report:
     stats: ReadStats
     meta: dict[str, Any]
     expected_source: str | None = None
+    #: the line a report shows when no finding is above info, earned (:func:`.rules.all_clear`:
+    #: every request admitted within ADMIT_WITHIN_STEPS steps, else what held them); None
+    #: when a finding is above info
+    all_clear: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``doctor --json``: ``{"run_dir", "findings": [...]}``."""
@@ -76,8 +80,11 @@ def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bo
     checks = check_expected(expected.engine, state.config) if expected is not None and expected.engine else None
     ctx = Context(state, episodes, checks, expected.source if expected is not None else None, live)
     found: list[Finding] = []
-    for _, rule in CATALOGUE:
-        found.extend(rule(ctx))
+    ctx.cache["found"] = found  # unexplained-wait reads what the rules before it found
+    for rule in CATALOGUE:
+        for f in rule.evaluate(ctx):
+            f.remedy = rule.arithmetic(ctx, f)
+            found.append(f)
     # "the scheduler is not the bottleneck" cannot stand beside a finding that it held requests back
     held_back = {f.engine for f in found if f.id in HELD_BACK and f.severity in (CRITICAL, WARNING)}
     found = [f for f in found if not (f.id == "underloaded" and (f.engine in held_back or None in held_back))]
@@ -107,7 +114,7 @@ def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None =
         expected = expected_of_meta(meta)
     findings = diagnose(state, episodes, expected)
     return Report(str(run_dir), findings, state, episodes, stats, meta if isinstance(meta, dict) else {},
-                  expected.source if expected is not None else None)
+                  expected.source if expected is not None else None, all_clear(Context(state, episodes), findings))
 
 
 class LiveDiagnosis:

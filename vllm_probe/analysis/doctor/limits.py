@@ -13,9 +13,10 @@ from ..engine_state import EngineState
 from ..episodes import EngineEpisodes
 from ..figures import Distribution, budget_use_counts
 from .context import (
-    SRC_FULL_ISL, SRC_SGLANG, SRC_VLLM_CHUNKED, SRC_VLLM_PREEMPTION, Context, cdiv, engine_evidence, engines_of,
+    SRC_FULL_ISL, SRC_SGLANG, SRC_VLLM_CHUNKED, SRC_VLLM_PREEMPTION, Context, cdiv, engine_of, engines_of,
     fmt_count, fmt_pct, rounded,
 )
+from .evidence import BoundEvidence
 from .findings import INFO, WARNING, Finding, Remedy
 
 # -- thresholds ----------------------------------------------------------------------------
@@ -32,15 +33,18 @@ KV_FULL = 0.9
 
 
 def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
-    """More KV blocks, or fewer running requests, from the KV demand the run reached.
+    """Fewer running requests, or more KV blocks, from the KV demand the run reached.
 
     The demand is the blocks the admitted requests would hold at full length (prompt +
     ``max_tokens``, capped at ``max_model_len``; vLLM admits on the prompt alone, so
     this is what the cache must hold for them to finish without preemption). At its
-    peak, ``n`` requests needed ``peak`` blocks: ``num_gpu_blocks_override >= peak + 1``
-    (vLLM reserves block 0), or ``max_num_seqs = usable // (peak / n)``. When the peak
-    fits (prefix-cache sharing, ``max_tokens`` unknown), ``max_num_seqs`` drops to the
-    running queue left by the first preemption.
+    peak, ``n`` requests needed ``peak`` blocks: ``max_num_seqs = usable // (peak / n)``
+    leads (when it is below the recorded ``max_num_seqs``), ``num_gpu_blocks_override >=
+    peak + 1`` (vLLM reserves block 0) is the alternative: more blocks let admission take
+    more requests, which outgrow the larger cache in turn (design.md §7: 176 blocks
+    needed at the peak, 181 given, still 40 preemptions of 64). When the peak fits
+    (prefix-cache sharing, ``max_tokens`` unknown), ``max_num_seqs`` drops to the running
+    queue left by the first preemption.
     """
     cfg = eng.config
     if cfg is None or not cfg.num_kv_blocks or not cfg.block_size:
@@ -54,15 +58,25 @@ def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
         sizes = [b for b, k in ep.full_blocks_seen.items() if k]
         each = f"{n} × {sizes[0]} blocks" if len(sizes) == 1 else f"{n} requests, {per:.1f} blocks each on average"
         seqs = max(int(usable // per), 1)
+        blocks_text = (f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
+                       f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has {fmt_count(usable)} "
+                       f"(+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a GPU: raise "
+                       f"gpu_memory_utilization until vLLM reports that many blocks)")
+        if cfg.max_num_seqs and seqs < cfg.max_num_seqs:
+            return Remedy(
+                "max_num_seqs", seqs,
+                f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
+                f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks against {fmt_count(usable)} usable: "
+                f"{fmt_count(usable)} // {per:.1f} blocks per request = {seqs} run to the end without preemption → "
+                f"max_num_seqs {seqs}",
+                tradeoff, SRC_VLLM_PREEMPTION, whatif={"max_num_seqs": seqs},
+                alternatives=[{"setting": "num_gpu_blocks_override", "value": peak + 1,
+                               "whatif": {"num_kv_blocks": peak + 1},
+                               "arithmetic": blocks_text + "; more blocks also let admission take more requests, "
+                                             "which can outgrow the cache again (check with --whatif)"}])
         return Remedy(
-            "num_gpu_blocks_override", peak + 1,
-            f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
-            f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has {fmt_count(usable)} "
-            f"(+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a GPU: raise gpu_memory_utilization "
-            f"until vLLM reports that many blocks)",
-            tradeoff, SRC_VLLM_PREEMPTION, whatif={"num_kv_blocks": peak + 1},
-            alternatives=[{"setting": "max_num_seqs", "value": seqs, "whatif": {"max_num_seqs": seqs},
-                           "arithmetic": f"{fmt_count(usable)} usable blocks // {per:.1f} blocks per request = {seqs}"}])
+            "num_gpu_blocks_override", peak + 1, blocks_text,
+            tradeoff, SRC_VLLM_PREEMPTION, whatif={"num_kv_blocks": peak + 1})
     if ep.first_preempt is not None:
         step, running = ep.first_preempt
         seqs = max(running, 1)
@@ -148,12 +162,12 @@ def bound(ctx: Context) -> list[Finding]:
         share = agg.steps / waited if waited else 0.0
         if not agg.steps or share < BOUND_SHARE:
             continue
-        evidence = {**engine_evidence(ctx, eng), "steps": agg.steps, "waiting_steps": waited,
-                    "total_steps": eng.steps, "share_of_waiting_steps": round(share, 4),
-                    "step_range": [agg.first_step, agg.last_step], "running_max": agg.running_max,
-                    "running_mean": round(agg.running_mean, 2), "waiting_max": agg.waiting_max,
-                    "waiting_mean": round(agg.waiting_mean, 2), "kv_usage_mean": round(agg.kv_mean, 4),
-                    "max_num_seqs": cfg.max_num_seqs, "inferred_from_queues": inferred}
+        evidence = BoundEvidence(
+            engine=engine_of(ctx, eng), steps=agg.steps, waiting_steps=waited, total_steps=eng.steps,
+            share_of_waiting_steps=round(share, 4), step_range=[agg.first_step, agg.last_step],
+            running_max=agg.running_max, running_mean=round(agg.running_mean, 2), waiting_max=agg.waiting_max,
+            waiting_mean=round(agg.waiting_mean, 2), kv_usage_mean=round(agg.kv_mean, 4),
+            max_num_seqs=cfg.max_num_seqs, inferred_from_queues=inferred)
         head = (f"in {fmt_count(agg.steps)} of {fmt_count(eng.steps)} steps ({fmt_pct(agg.steps / eng.steps)}) requests waited")
         if fid == "kv-bound":
             full = agg.kv_mean >= KV_FULL
@@ -166,29 +180,62 @@ def bound(ctx: Context) -> list[Finding]:
                         f"{fmt_pct(1 - agg.kv_mean)} of the cache free")
             concurrency = _vllm_concurrency(cfg)
             if concurrency is not None:
-                evidence["vllm_max_concurrency"] = round(concurrency, 2)
+                evidence.vllm_max_concurrency = round(concurrency, 2)
+                per = _mean_full_blocks(ep)
+                at_run = int((cfg.num_kv_blocks - 1) // per) if per and cfg.num_kv_blocks else None
+                evidence.concurrency_at_run_lengths = at_run
                 if agg.running_max > concurrency * 1.5:
                     msg += (f"; vLLM's start-up line \"Maximum concurrency {concurrency:.2f}x\" assumes every request "
                             f"fills max_model_len, this run ran {agg.running_max} at once")
-            out.append(Finding("kv-bound", WARNING, msg, evidence, _kv_bound_remedy(eng, ep, agg)
-                               or kv_remedy(eng, ep)))
+                    if at_run is not None:
+                        msg += (f"; at this run's request lengths (prompt + max_tokens, {per:.1f} blocks each on "
+                                f"average) the cache holds {fmt_count(at_run)} request{'s' if at_run != 1 else ''} to "
+                                f"the end at once: that is the reading that applies")
+            out.append(Finding("kv-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
         elif fid == "budget-bound":
             use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
-            evidence["budget_use_median"] = rounded(use.median)
+            evidence.budget_use_median = rounded(use.median)
             msg = (f"The token budget held the run back: {head} with the budget of {fmt_count(cfg.max_num_batched_tokens)} "
                    f"tokens used up (median step {fmt_pct(use.median or 0)} of it); up to {agg.waiting_max} waited")
-            want = cfg.max_num_batched_tokens * 2
-            out.append(Finding("budget-bound", INFO, msg, evidence, Remedy(
-                "max_num_batched_tokens", want,
-                f"twice the budget ({fmt_count(cfg.max_num_batched_tokens)} × 2): each step prefills twice as many waiting "
-                f"prompt tokens", "larger steps: running decodes wait longer per token (inter-token latency)",
-                SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})))
+            out.append(Finding("budget-bound", INFO, msg, evidence, basis=(eng, ep, agg)))
         else:
             msg = (f"max_num_seqs held the run back: {head} with the running queue full "
                    f"({agg.running_max} of {cfg.max_num_seqs}) while up to {agg.waiting_max} waited, KV cache "
                    f"{fmt_pct(agg.kv_mean)} used on average")
-            out.append(Finding("seqs-bound", WARNING, msg, evidence, _seqs_remedy(eng, ep, agg)))
+            out.append(Finding("seqs-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
     return out
+
+
+def bound_of(ctx: Context, finding_id: str) -> list[Finding]:
+    """The findings of :func:`bound` with id ``finding_id`` (bound runs once per evaluation:
+    one limit per engine core)."""
+    found = ctx.cache.get("bound")
+    if found is None:
+        found = ctx.cache["bound"] = bound(ctx)
+    return [f for f in found if f.id == finding_id]
+
+
+def kv_bound_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """Blocks for every request that ran or waited at once, else :func:`kv_remedy`."""
+    eng, ep, agg = f.basis
+    return _kv_bound_remedy(eng, ep, agg) or kv_remedy(eng, ep)
+
+
+def budget_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """Twice the budget."""
+    eng = f.basis[0]
+    cfg = eng.config
+    want = cfg.max_num_batched_tokens * 2
+    return Remedy(
+        "max_num_batched_tokens", want,
+        f"twice the budget ({fmt_count(cfg.max_num_batched_tokens)} × 2): each step prefills twice as many waiting "
+        f"prompt tokens", "larger steps: running decodes wait longer per token (inter-token latency)",
+        SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
+
+
+def seqs_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """max_num_seqs up by what the free KV blocks held while the queue was full."""
+    return _seqs_remedy(*f.basis)
 
 
 def _vllm_concurrency(cfg: Any) -> float | None:
@@ -238,11 +285,20 @@ def _seqs_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remed
             return None  # the KV cache is as full as the queue: raising it would only move the limit
         add = min(more, agg.waiting_max)
         want = seqs + add
+        cap = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1) if ep.full_blocks_max else None
+        capped = cap is not None and want > cap
+        if capped:
+            # never more slots than the cache holds at full length: a storm's remedy lowered
+            # max_num_seqs to that, and asking for more would undo it (advice converges)
+            want, add = cap, cap - seqs
+            if add <= 0:
+                return None
         return Remedy(
             "max_num_seqs", want,
             f"{fmt_pct(1 - agg.kv_mean)} of {fmt_count(cfg.num_kv_blocks - 1)} KV blocks ({free:.0f}) free on average while the "
             f"queue was full, {per:.1f} blocks per request at full length → room for {more} more: max_num_seqs "
-            f"{seqs} + {add} = {want}",
+            f"{seqs} + {add} = {want}" + (f" (at most {cap}: the cache holds {cap} of the largest requests, "
+                                          f"{ep.full_blocks_max} blocks each, at full length)" if capped else ""),
             "more requests per step: each decode step takes longer (inter-token latency)", SRC_SGLANG,
             whatif={"max_num_seqs": want})
     want = seqs + agg.waiting_max
