@@ -169,8 +169,8 @@ def iter_file_batches(path: Path, stats: ReadStats, batch_bytes: int = BATCH_BYT
                 yield batch
 
 
-_SCHEMA_KEY = b'"schema"'
-_SCHEMA_LATEST = b'"schema": %d,' % SCHEMA_VERSION
+_schema_of = attrgetter("schema")
+_NOT_NEWER = frozenset((None, SCHEMA_VERSION))
 
 
 def decode_batch(data: bytes, stats: ReadStats) -> list:
@@ -183,10 +183,8 @@ def decode_batch(data: bytes, stats: ReadStats) -> list:
     except (ValueError, RecursionError):  # some line needs the slow path: redo the batch line by line
         return list(_decode_lines((line + b"\n" for line in lines), stats, False))
     stats.events += len(batch)
-    # a newer schema is counted per record; the writer's lines say '"schema": 1,': when
-    # every "schema" key in the batch reads so, no record has a newer one
-    keys = data.count(_SCHEMA_KEY)
-    if keys and keys != data.count(_SCHEMA_LATEST):
+    # a newer schema is counted per record (a set of the batch's schemas: no Python code per line)
+    if not _NOT_NEWER.issuperset(map(_schema_of, batch)):
         latest = SCHEMA_VERSION
         stats.newer_schema += sum(1 for rec in batch if rec.schema is not None and rec.schema > latest)
     return batch
