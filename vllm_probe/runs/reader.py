@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import heapq
 import io
-import itertools
 import os
 from operator import attrgetter
 from dataclasses import dataclass, field
