@@ -129,19 +129,23 @@ def iter_file(path: Path, stats: ReadStats) -> Iterator:
     return _read(path, stats, False)
 
 
-#: Bytes read per batch by :func:`iter_file_batches` (about 50 event lines: small enough that the batch's records stay in the CPU's caches and its buffers below the allocator's mmap threshold; 1 MiB batches decoded 2.5x slower here).
+#: Bytes of lines per batch of :func:`iter_file_batches` (about 50 event lines: small
+#: enough that the batch's records stay in the CPU's caches; 1 MiB batches decoded 2.5x
+#: slower here, docs/performance.md).
 BATCH_BYTES = 1 << 14
 
 
 def iter_file_batches(path: Path, stats: ReadStats, batch_bytes: int = BATCH_BYTES) -> Iterator[list]:
-    """The records of one file in file order, as lists (one per ``batch_bytes`` read):
-    the same records, classified and counted in ``stats`` the same way as
-    :func:`iter_file` (which chains these lists). Memory: one batch.
+    """The records of one file in file order, as lists (one per ``batch_bytes`` of lines
+    read): the same records, classified and counted in ``stats`` the same way as
+    :func:`iter_file`. Memory: one batch.
 
-    This is summary's and doctor's hot path: the lines of a batch are decoded by one
-    ``map`` of the records' decoder (no Python code per line); only a batch in which
-    some line does not decode as a record (malformed, blank, of an unknown kind, a null
-    ``engine``) goes line by line through :func:`_decode_lines`, which says why.
+    This is summary's and doctor's hot path: the lines of a batch (``readlines``) are
+    decoded by one ``map`` of the records' decoder (:func:`decode_batch`: no Python code
+    per line); only a batch in which some line does not decode as a record (malformed,
+    blank, of an unknown kind, a null ``engine``) goes line by line through
+    :func:`_decode_lines`, which says why. A last line without its newline is partial
+    (the writer was mid-line): counted, not read, and the file's reading stops there.
     """
     stats.files.add(str(path))
     try:
@@ -149,38 +153,31 @@ def iter_file_batches(path: Path, stats: ReadStats, batch_bytes: int = BATCH_BYT
     except OSError:
         return
     with f:
-        rest = b""
         while True:
-            data = f.read(batch_bytes)
-            if not data:
-                break
-            end = data.rfind(b"\n") + 1  # complete lines end here; the rest waits for its newline
-            if not end:
-                rest += data
-                continue
-            batch = decode_batch(rest + data[:end] if rest else data[:end], stats)
-            rest = data[end:]
+            lines = f.readlines(batch_bytes)
+            if not lines:
+                return
+            partial = not lines[-1].endswith(b"\n")
+            last = lines.pop() if partial else b""
+            batch = decode_batch(lines, stats) if lines else []
             if batch:
                 yield batch
-        if rest:  # a last line without its newline: partial (the writer was mid-line)
-            batch = list(_decode_lines((rest,), stats, False))
-            if batch:
-                yield batch
+            if partial:
+                list(_decode_lines((last,), stats, False))  # counts it
+                return
 
 
 _schema_of = attrgetter("schema")
 _NOT_NEWER = frozenset((None, SCHEMA_VERSION))
 
 
-def decode_batch(data: bytes, stats: ReadStats) -> list:
-    """The records of ``data``, complete newline-terminated lines (one list, in order),
-    counted in ``stats`` exactly as :func:`_decode_lines` counts them."""
-    lines = data.split(b"\n")
-    lines.pop()  # after the last newline: empty
+def decode_batch(lines: list[bytes], stats: ReadStats) -> list:
+    """The records of ``lines`` (complete lines, each ending with its newline; one list,
+    in order), counted in ``stats`` exactly as :func:`_decode_lines` counts them."""
     try:
         batch = list(map(records.decode, lines))
     except (ValueError, RecursionError):  # some line needs the slow path: redo the batch line by line
-        return list(_decode_lines((line + b"\n" for line in lines), stats, False))
+        return list(_decode_lines(lines, stats, False))
     stats.events += len(batch)
     # a newer schema is counted per record (a set of the batch's schemas: no Python code per line)
     if not _NOT_NEWER.issuperset(map(_schema_of, batch)):
