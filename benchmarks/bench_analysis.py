@@ -17,6 +17,15 @@ summary each >= 300,000 events/s; export's peak memory independent of the run's 
 (``summary+moments``: the doctor's episodes follow the same state) too.
 ``--write-doc`` records the figures in ``docs/performance.md`` (section "Export and
 summary").
+
+``--ratio`` (issue 20 item 4: ``summary`` and ``doctor`` within 1.5x of a bare msgspec
+decode of the same file) times, in this one process and interleaved round by round so
+that the shared machine's load hits all of them alike: the bare decode (each line of
+each file decoded into its record by ``schema.records.decode``, nothing else), the
+``summary`` command's analysis (:func:`~vllm_probe.analysis.summary.analyze_story`, what
+``summary --json`` runs) and ``doctor``'s (:func:`~vllm_probe.analysis.doctor.examine`);
+CPU seconds of the process, the least of ``--repeat`` rounds each, and each command's
+ratio to the decode's. ``--ratio-only`` skips the child-process table.
 """
 
 from __future__ import annotations
@@ -221,6 +230,58 @@ def measure(what: str, run_dir: Path, out: Path) -> dict:
     return r
 
 
+RATIO_TARGET = 1.5
+
+
+def bare_decode(run_dir: Path) -> int:
+    """Decode every line of the run's event files into its record, nothing more (the
+    floor any reader of records stands on); returns the lines decoded."""
+    from vllm_probe.runs.rundir import event_files
+    from vllm_probe.schema.records import decode
+
+    n = 0
+    for path in event_files(run_dir):
+        with open(path, "rb") as f:
+            for line in f:
+                decode(line)
+                n += 1
+    return n
+
+
+def measure_ratios(run_dir: Path, rounds: int) -> dict:
+    """In-process, interleaved: CPU seconds (least of ``rounds``) of the bare decode,
+    ``summary`` and ``doctor`` on ``run_dir``, the ratios to the decode, the load."""
+    import gc
+
+    from vllm_probe.analysis.doctor import examine
+    from vllm_probe.analysis.summary import analyze_story
+
+    tasks = {"decode": lambda: bare_decode(run_dir), "summary": lambda: analyze_story(run_dir),
+             "doctor": lambda: examine(run_dir)}
+    best = {k: float("inf") for k in tasks}
+    loads = [os.getloadavg()[0]]
+    for _ in range(rounds):
+        for name, task in tasks.items():
+            gc.collect()
+            t = time.process_time()
+            task()
+            best[name] = min(best[name], time.process_time() - t)
+        loads.append(os.getloadavg()[0])
+    return {"cpu_s": best, "ratio": {k: best[k] / best["decode"] for k in ("summary", "doctor")},
+            "load": (min(loads), max(loads))}
+
+
+def ratio_lines(n: int, r: dict) -> list[str]:
+    """The ratio measurement as markdown lines."""
+    cpu, ratio = r["cpu_s"], r["ratio"]
+    rows = [f"| {k} | {cpu[k]:.2f} | {n / cpu[k]:,.0f} | "
+            + ("1.00" if k == "decode" else f"{ratio[k]:.2f}{' ✓' if ratio[k] <= RATIO_TARGET else ' ✗'}") + " |"
+            for k in ("decode", "summary", "doctor")]
+    return [f"In-process, interleaved ({n:,} events, load average {r['load'][0]:.1f}–{r['load'][1]:.1f}; "
+            f"target: within {RATIO_TARGET}× of the bare decode):", "",
+            "| task | CPU s | events/s (CPU) | × bare decode |", "|---|---|---|---|", *rows]
+
+
 def _mark(name: str, rate: float) -> str:
     if name not in TARGETED:
         return ""
@@ -253,9 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--perfetto", action="store_true", help="also time the Perfetto export")
     p.add_argument("--breakdown", action="store_true",
                    help="also time summary's parts on the large run: reading alone, reading + RunState")
+    p.add_argument("--ratio", action="store_true",
+                   help="also time summary and doctor against a bare decode of the large run, in-process, interleaved")
+    p.add_argument("--ratio-only", action="store_true", help="only the --ratio measurement (no child-process table)")
     p.add_argument("--write-doc", action="store_true", help=f"record the figures in {DOC.relative_to(ROOT)}")
     p.add_argument("--dir", type=Path, help="where to generate the runs (default: a temporary directory)")
     args = p.parse_args(argv)
+    if args.ratio_only:
+        with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-") as tmp:
+            run = (args.dir or Path(tmp)) / f"run-{args.events}"
+            n = generate_run(run, args.events) if not (run / "meta.json").exists() else None
+            r = measure_ratios(run, max(args.repeat, 1))
+            print("\n".join(ratio_lines(n or bare_decode(run), r)))
+        return 0 if max(r["ratio"].values()) <= RATIO_TARGET else 1
 
     with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-") as tmp:
         base = args.dir or Path(tmp)
@@ -288,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                     if best is None or r["cpu_rate"] > best["cpu_rate"]:
                         best = r
                 results[(what, args.events)] = best
+        ratios = None
+        if args.ratio:
+            run = base / f"run-{args.events}"
+            ratios = ratio_lines(results[("summary", args.events)]["events"], measure_ratios(run, max(args.repeat, 1)))
+            print("\n".join(ratios), flush=True)
         for f in base.glob("out.jsonl*"):
             f.unlink()
 
@@ -326,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *verdict,
             "",
+            *([*ratios, ""] if ratios else []),
             "Every reader decodes each line into its kind's typed record (`vllm_probe/schema/records.py`: msgspec "
             "Structs generated from the event schema, which check every field's JSON type; about 0.6 µs "
             "per line against 1.2 µs for a dict). `export` writes the valid lines verbatim (no re-encoding) "

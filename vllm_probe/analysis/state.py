@@ -23,7 +23,7 @@ from ..schema.records import STRUCTS
 from .engine_state import (
     _KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
 )
-from .figures import bound_by, chunk_reread_tokens, preempt_reason, share
+from .figures import chunk_reread_tokens, preempt_reason, share
 from .timeline import FULL_BUDGET_SHARE, MAX_SPANS
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, RequestState
 
@@ -37,6 +37,8 @@ class RunState:
         on_request_finished: called with each :class:`RequestState` as it finishes.
         listener: a :class:`StateListener` told of every transition.
         timeline_spans: spans each engine core's timeline keeps (:class:`~vllm_probe.analysis.timeline.Timeline`).
+        buckets: keep ``EngineState.schedule_s`` (the metrics' bucketed schedule times);
+            False for consumers that never read it (summary, doctor): one bisect less per step.
     """
 
     def __init__(
@@ -46,11 +48,13 @@ class RunState:
         on_request_finished: Callable[[RequestState], None] | None = None,
         listener: StateListener | None = None,
         timeline_spans: int = MAX_SPANS,
+        buckets: bool = True,
     ) -> None:
         self.engines: dict[int, EngineState] = {}
         self.step_window = step_window
         self.finished_keep = finished_keep
         self.timeline_spans = timeline_spans
+        self.buckets = buckets
         self.on_request_finished = on_request_finished
         self.listener = listener
         self.events = 0
@@ -100,7 +104,55 @@ class RunState:
         self.events += 1
         handler(eng, ev)
 
-    def apply_all(self, events: Iterable[Any]) -> RunState:
+    def apply_batch(self, batch: list) -> None:
+        """Update the state with a list of records, in order: the same as :meth:`apply` on
+        each (records only, not dicts: what :func:`~vllm_probe.runs.reader.iter_file_batches`
+        yields), with the per-event bookkeeping (engine core, pids, time range, count)
+        done once per run of records of the same engine core (summary's and doctor's hot
+        loop; no handler reads the time range or the count mid-stream)."""
+        handlers = self._handlers
+        eng: EngineState | None = None
+        idx = -1
+        pids: set = set()
+        first = last = 0.0
+        n = 0
+        for ev in batch:
+            handler = handlers.get(type(ev))
+            if handler is None:
+                continue
+            if ev.engine != idx:
+                if eng is not None:
+                    self._range(eng, first, last)
+                idx = ev.engine
+                eng = self.engines.get(idx) or self.engine(idx)
+                pids = eng.pids
+                first = last = ev.ts
+            ts = ev.ts
+            if ts > last:
+                last = ts
+            elif ts < first:
+                first = ts
+            pid = ev.pid
+            if pid is not None and pid not in pids:
+                pids.add(pid)
+            n += 1
+            handler(eng, ev)
+        if eng is not None:
+            self._range(eng, first, last)
+        self.events += n
+
+    @staticmethod
+    def _range(eng: EngineState, first: float, last: float) -> None:
+        """Widen the engine core's event time range to ``[first, last]`` (epoch s)."""
+        if eng.last_ts is None:
+            eng.first_ts, eng.last_ts = first, last
+            return
+        if last > eng.last_ts:
+            eng.last_ts = last
+        if first < eng.first_ts:
+            eng.first_ts = first
+
+    def apply_all(self, events) -> "RunState":
         apply = self.apply
         for ev in events:
             apply(ev)
@@ -169,29 +221,34 @@ class RunState:
         eng.config = ev
         eng.max_num_seqs = ev.max_num_seqs
 
-    def _step(self, eng: EngineState, ev: Any) -> None:
+    def _step(self, eng: EngineState, ev) -> None:
+        # the hot path of every reader (most lines are steps): each field and attribute is
+        # read once into a local, bound_by and Buckets.add are inlined, and the
+        # schedule-time buckets are kept only when a consumer asks (``buckets``)
         step = ev.step
+        last_step = eng.last_step
         if step is None:
-            step = eng.last_step + 1
+            step = last_step + 1
         timeline = eng.timeline  # fed as Timeline's docstring says: a span opens before its first step counts
+        ts = ev.ts
         if not timeline.left:
-            timeline.open_span(step, ev.ts)
+            timeline.open_span(step, ts)
         timeline.left -= 1
-        if step > eng.last_step:
+        if step > last_step:
             eng.last_step = step
         eng.latest = ev
         eng.steps += 1
-        ts = ev.ts
         scheduled = ev.scheduled_tokens or 0
         budget = ev.token_budget
-        prefill, decode = ev.prefill_tokens, ev.decode_tokens
+        prefill = ev.prefill_tokens
+        decode = ev.decode_tokens
         schedule_us = ev.schedule_us
         if schedule_us is None:
             schedule_us = 0.0
-        else:  # Buckets.add inlined: this runs for every step of every reader
-            schedule_s, buckets = schedule_us * 1e-6, eng.schedule_s
-            buckets.counts[bisect_left(buckets.bounds, schedule_s)] += 1
-            buckets.sum += schedule_s
+        elif self.buckets:  # Buckets.add inlined
+            schedule_s, hist = schedule_us * 1e-6, eng.schedule_s
+            hist.counts[bisect_left(hist.bounds, schedule_s)] += 1
+            hist.sum += schedule_s
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill
@@ -209,7 +266,15 @@ class RunState:
             eng.preempt.in_step_lists += n_preempted
             hist = eng.preempt.per_step
             hist[n_preempted] = hist.get(n_preempted, 0) + 1
-        bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng.max_num_seqs)
+        # figures.bound_by, inlined
+        if budget is not None and scheduled >= budget:
+            bound = "token_budget"
+        elif waiting and eng.max_num_seqs is not None and running >= eng.max_num_seqs:
+            bound = "max_num_seqs"
+        elif waiting or n_preempted:
+            bound = "kv_cache"
+        else:
+            bound = "none"
         eng.bound_counts[bound] += 1
         blocked = ev.head_blocked_by
         if blocked is not None:
@@ -218,41 +283,47 @@ class RunState:
             counts = eng.head_blocked_counts
             counts[blocked] = counts.get(blocked, 0) + 1
         kv = ev.kv_usage or 0.0
-        eng.budget_total += budget or 0
+        budget_or_0 = budget or 0
+        eng.budget_total += budget_or_0
         eng.running_total += running
         eng.waiting_total += waiting
         eng.kv_total += kv
         if running > timeline.running_max:
             timeline.running_max = running
-        if waiting > timeline.waiting_max:
-            timeline.waiting_max = waiting
+        if waiting:
+            if waiting > timeline.waiting_max:
+                timeline.waiting_max = waiting
+            if not scheduled:
+                eng.idle_waiting_steps += 1
         if kv > timeline.kv_max:
             timeline.kv_max = kv
-        if waiting and not scheduled:
-            eng.idle_waiting_steps += 1
         # only a stall, a full-budget step or an open run can start, extend or end a run
         if timeline.runs_open or (waiting and (not scheduled or (budget and scheduled >= FULL_BUDGET_SHARE * budget))):
-            timeline.runs(step, scheduled, budget or 0, prefill or 0, waiting, blocked)
+            timeline.runs(step, scheduled, budget_or_0, prefill or 0, waiting, blocked)
         if self.step_window:
             eng.window.append(StepRecord(
-                step, ts, scheduled, budget or 0, prefill, decode, running, waiting, kv, schedule_us,
+                step, ts, scheduled, budget_or_0, prefill, decode, running, waiting, kv, schedule_us,
                 n_preempted, bound, blocked,
             ))
-        key = (scheduled, budget or 0)
+        key = (scheduled, budget_or_0)
         hist = eng.step_tokens
         hist[key] = hist.get(key, 0) + 1
         if schedule_us > eng.schedule_us_max:
             eng.schedule_us_max = schedule_us
         start = ts - schedule_us * 1e-6
-        if eng.stepping_since is None or start < eng.stepping_since:
+        since = eng.stepping_since
+        if since is None or start < since:
             eng.stepping_since = start
-        if eng.last_step_ts is None or ts > eng.last_step_ts:
+        last_ts = eng.last_step_ts
+        if last_ts is None or ts > last_ts:
             eng.last_step_ts = ts
-        if ev.finished:
+        finished = ev.finished
+        if finished:
             # Normally request_finished came first and the request is gone already; with
             # log_request_events off this is the only sign, and keeps memory bounded.
-            for rid in ev.finished:
-                if rid in eng.requests:
+            requests = eng.requests
+            for rid in finished:
+                if rid in requests:
                     self._finish(eng, rid, ts, None, None, None)
         if eng.awaiting_first_token:
             done = [r for r in eng.awaiting_first_token.values() if r.first_token_step is not None and r.first_token_step < step]

@@ -93,7 +93,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterable
 
-from ..runs.reader import ReadStats, iter_file
+from ..runs.reader import ReadStats, iter_file_batches
 from ..runs.rundir import NoEventsError, event_files, never_started_note, read_meta
 from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
@@ -323,7 +323,7 @@ class _Finished:
 def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_dir: str = "",
                    meta: dict[str, Any] | None = None, listener: StateListener | None = None,
                    with_summary: bool = True, boundaries: Iterable[int] | None = None,
-                   ) -> tuple[RunState, Summary | None]:
+                   batched: bool = False) -> tuple[RunState, Summary | None]:
     """The state of a run and its :class:`Summary`, from an iterable of events: each
     engine core's events in file order (engine cores may follow one another or
     interleave, as ``iter_run`` yields them). Events are records of
@@ -332,18 +332,26 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     :class:`~vllm_probe.analysis.episodes.Episodes`). ``with_summary=False``: the state
     only (no per-request latency records), and None for the summary. ``boundaries``:
     prompt-length class boundaries in tokens (None: :func:`default_boundaries` of the
-    run's token budget).
+    run's token budget). ``batched``: ``events`` is an iterable of lists of records (as
+    :func:`~vllm_probe.runs.reader.iter_file_batches` yields them), applied with
+    :meth:`RunState.apply_batch`.
 
     Python's cyclic garbage collector is paused meanwhile: the loop allocates an object
     per event and creates no reference cycles, and the collector's passes over the
     growing request records cost about a tenth of the time.
     """
     finished = _Finished() if with_summary else None
-    state = RunState(step_window=0, on_request_finished=finished, listener=listener)  # no rolling chart here
+    state = RunState(step_window=0, on_request_finished=finished, listener=listener,
+                     buckets=False)  # no rolling chart, no bucketed schedule times here
     apply = state.apply
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
+        if batched:
+            apply_batch = state.apply_batch
+            for batch in events:
+                apply_batch(batch)
+            events = ()
         for ev in events:
             apply(ev)
     finally:
@@ -379,8 +387,9 @@ def analyze(run_dir: str | Path, stats: ReadStats | None = None, listener: State
         raise NoEventsError(f"no event files (events-*.jsonl) in {run_dir}{never_started_note(read_meta(run_dir))}")
     # RunState keeps each engine core apart, so the files need no time-ordered merge
     # (heapq.merge costs about a tenth of summary's time on a two-engine run).
-    events = itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(run_dir))
-    result = analyze_events(events, stats, str(run_dir), read_meta(run_dir), listener, with_summary, boundaries)
+    batches = itertools.chain.from_iterable(iter_file_batches(p, stats) for p in event_files(run_dir))
+    result = analyze_events(batches, stats, str(run_dir), read_meta(run_dir), listener, with_summary, boundaries,
+                            batched=True)
     if stats.events == 0:
         raise NoEventsError(f"no readable events in {run_dir} ({stats.describe()})")
     return result
