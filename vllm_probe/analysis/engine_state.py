@@ -271,6 +271,10 @@ class EngineState:
     head_blocked_counts: dict[str, int] = field(default_factory=dict)
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
+    #: busy time (RunState.busy_s): when the current period with a request in this engine
+    #: core began (epoch s; None: idle), and the seconds of the periods that ended
+    busy_since: float | None = None
+    busy_total_s: float = 0.0
     probe_stats: dict[Any, Any] = field(default_factory=dict)
     window: deque[StepRecord] = field(init=False)
     #: every step of the run, in bounded spans (the finished run's overview, evidence ranges)

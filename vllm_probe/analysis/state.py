@@ -58,9 +58,6 @@ class RunState:
         self.on_request_finished = on_request_finished
         self.listener = listener
         self.events = 0
-        # busy time (busy_s): periods with at least one request in an engine core
-        self._busy_since: float | None = None
-        self._busy_total_s = 0.0
         self._handlers = {  # by Struct class (vllm_probe.schema.records)
             STRUCTS["engine_config"]: self._engine_config,
             STRUCTS["step"]: self._step,
@@ -185,19 +182,27 @@ class RunState:
                    - min(starts), 0.0)
 
     def busy_s(self) -> float | None:
-        """Seconds with at least one request in an engine core: from a ``request_added``
-        that finds every engine core empty to the ``request_finished`` (or a step's
-        ``finished`` id) that empties them all, summed over such periods; a period still
-        open counts up to the latest event. None without ``request_added`` events.
+        """Seconds the busiest engine core had at least one request: per engine core, from
+        a ``request_added`` that finds it empty to the ``request_finished`` (or a step's
+        ``finished`` id) that empties it, summed over such periods (a period still open
+        counts up to that core's latest event); the run's figure is the largest core's, so
+        it does not depend on how the cores' files interleave. None without
+        ``request_added`` events.
 
         On a server, :meth:`stepping_s` (a run's ``duration``) also counts the idle time
         between bursts: two bursts of 5 s and 17 s, 31.8 s apart, read 53.8 s of duration
         and 22 s busy (tests/analysis/test_busy.py). Output tokens per busy second is the
         engine's throughput while it had work."""
-        if self._busy_since is None:
-            return self._busy_total_s if self._busy_total_s else None
-        last = self.last_ts
-        return self._busy_total_s + max((last if last is not None else self._busy_since) - self._busy_since, 0.0)
+        busiest = None
+        for eng in self.engines.values():
+            b = eng.busy_total_s
+            if eng.busy_since is not None:
+                last = eng.last_ts if eng.last_ts is not None else eng.busy_since
+                b += max(last - eng.busy_since, 0.0)
+            elif not b:
+                continue
+            busiest = b if busiest is None else max(busiest, b)
+        return busiest
 
     def prefix_hit_share(self) -> float | None:
         """Prefix-cache hits of first passes over their prompt tokens, across engines (0..1)."""
@@ -419,8 +424,8 @@ class RunState:
 
     def _added(self, eng: EngineState, ev: Any) -> None:
         eng.requests_added += 1
-        if self._busy_since is None:  # the first request of a busy period
-            self._busy_since = ev.ts
+        if eng.busy_since is None:  # the first request of the engine core's busy period
+            eng.busy_since = ev.ts
         req = eng.requests.get(ev.req_id)
         if req is None:
             req = eng.requests[ev.req_id] = RequestState(ev.req_id, eng.engine)
@@ -448,9 +453,9 @@ class RunState:
                 num_preemptions: int | None) -> None:
         req = eng.requests.pop(req_id, None) or RequestState(req_id, eng.engine)
         eng.requests_finished += 1
-        if self._busy_since is not None and not eng.requests and not any(e.requests for e in self.engines.values()):
-            self._busy_total_s += max(ts - self._busy_since, 0.0)  # the last request left: idle from here
-            self._busy_since = None
+        if eng.busy_since is not None and not eng.requests:
+            eng.busy_total_s += max(ts - eng.busy_since, 0.0)  # the last request left: idle from here
+            eng.busy_since = None
         req.phase = FINISHED
         req.finished_ts = ts
         req.finish_reason = reason
