@@ -340,10 +340,12 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
     return x / scale
 
 
-def _solve(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+def _solve(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tuple[float, np.ndarray]:
     """Least squares with a non-negative intercept and non-negative slopes (the intercept
-    is one more column of :func:`nnls`: a step of no work never takes negative time)."""
-    b = nnls(np.column_stack([np.ones(len(y)), x]), y)
+    is one more column of :func:`nnls`: a step of no work never takes negative time);
+    ``w``: row weights (``1 / y``: relative error)."""
+    a = np.column_stack([np.ones(len(y)), x])
+    b = nnls(a, y) if w is None else nnls(a * w[:, None], y * w)
     return float(b[0]), b[1:]
 
 
@@ -353,9 +355,10 @@ def region_of(rows: np.ndarray) -> dict[str, float]:
 
 
 def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: float = 0.05,
-             rounds: int = 3, source: str = "") -> StepTimeModel:
+             rounds: int = 3, source: str = "", relative: bool = False) -> StepTimeModel:
     """Fit ``terms`` on :data:`FEATURES` ``rows`` and their measured ``periods`` (s; NaN
-    rows are left out); see :func:`fit`.
+    rows are left out); see :func:`fit`. ``relative``: minimise relative rather than
+    absolute error (calibration, whose steps span 1 ms to seconds).
 
     Raises:
         ValueError: fewer than ``len(terms) + 2`` measured rows.
@@ -368,11 +371,12 @@ def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: 
         raise ValueError(f"{source}: only {len(y)} steps with a measured period; "
                          "too few to fit the step-time model")
     keep = np.ones(len(y), bool)
-    b0, b = _solve(x, y)
+    wt = 1.0 / np.maximum(y, 1e-9) if relative else np.ones(len(y))
+    b0, b = _solve(x, y, wt if relative else None)
     for _ in range(rounds):
-        res = np.abs(y - b0 - x @ b)
+        res = np.abs(y - b0 - x @ b) * wt
         keep = res <= np.quantile(res, 1 - trim)
-        b0, b = _solve(x[keep], y[keep])
+        b0, b = _solve(x[keep], y[keep], wt[keep] if relative else None)
     raw = np.maximum(b0 + x @ b, 0.0)
     # stalls are part of the wall time: the level spreads them over every step
     level = float(y.sum() / raw.sum()) if raw.sum() > 0 else 1.0
