@@ -476,3 +476,20 @@ class DriftModel:
         k = bisect.bisect_right(self.starts, self.step) - 1
         self.step += 1
         return self.base.predict(features) * (self.factors[k] if k >= 0 else 1.0)
+
+    def reset_counts(self) -> None:
+        self.step = 0
+        self.base.reset_counts()
+
+    @property
+    def outside_share(self) -> float | None:
+        return self.base.outside_share
+
+    @property
+    def quality(self) -> Quality | None:
+        return self.base.quality
+
+    def to_dict(self) -> dict[str, Any]:
+        """The base model's :meth:`StepTimeModel.to_dict` with ``drift``: ``[[first step,
+        factor], ...]``."""
+        return {**self.base.to_dict(), "drift": [[s, f] for s, f in zip(self.starts, self.factors)]}
