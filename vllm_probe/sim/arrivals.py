@@ -16,9 +16,10 @@ finish times (``finish_ts``) of the requests after the first ``N``:
   included; a closed loop keeps it at ``N`` (:data:`STEADY_SHARE` of arrivals or more
   at the most common count, ``N ≥ 2`` or a serial client with ``N = 1``);
 * *right after a completion*: the gap from the latest earlier finish to the arrival is
-  below a fifth of the median time between finishes (:data:`GAP_SHARE`) for
-  :data:`AFTER_FINISH_SHARE` of arrivals or more (an open-loop client lands anywhere
-  between finishes);
+  the same for :data:`AFTER_FINISH_SHARE` of arrivals or more: within ±25 % + 0.5 ms
+  (:data:`GAP_SHARE`, :data:`GAP_SLACK_S`) of the median gap — the client's think time.
+  An open-loop client lands anywhere between finishes (for uniform arrivals between
+  finishes spaced ``S`` apart, 25 % + 0.5 ms / ``S`` of the gaps fall in that window);
 * at least :data:`MIN_REQUESTS` requests after the first ``N``.
 
 The think time is the median of those gaps (0 or more). ``--arrivals closed:N`` or
@@ -38,8 +39,9 @@ from ..analysis.workload import Workload
 STEADY_SHARE = 0.7
 #: Share of arrivals right after a completion for a closed loop (80 %).
 AFTER_FINISH_SHARE = 0.8
-#: "Right after": within this share of the median time between finishes (1/5).
-GAP_SHARE = 0.2
+#: "The same gap": within this share of the median gap, plus :data:`GAP_SLACK_S`.
+GAP_SHARE = 0.25
+GAP_SLACK_S = 0.5e-3
 #: Fewest requests after the first N for a detection.
 MIN_REQUESTS = 8
 
@@ -144,25 +146,33 @@ def detect(w: Workload) -> Arrivals:
     if m is None or m[4] < MIN_REQUESTS:
         return fallback
     n, steady, gaps, spacing, later = m
-    close = [g for g in gaps if g <= GAP_SHARE * spacing] if spacing > 0 else []
+    close = _same_gap(gaps)
     after = len(close) / later
-    evidence = (f"{after * 100:.0f} % of requests arrived within {GAP_SHARE * spacing * 1e3:.1f} ms of a finish, "
-                f"{steady * 100:.0f} % with {n} in flight")
+    med = statistics.median(gaps) if gaps else 0.0
+    evidence = (f"{after * 100:.0f} % of requests arrived {med * 1e3:.1f} ± {(GAP_SHARE * med + GAP_SLACK_S) * 1e3:.1f} "
+                f"ms after a finish (finishes {spacing * 1e3:.1f} ms apart), {steady * 100:.0f} % with {n} in flight")
     if steady >= STEADY_SHARE and after >= AFTER_FINISH_SHARE:
         return Arrivals("closed", n, float(statistics.median(close)) if close else 0.0, evidence=evidence)
     fallback.evidence = evidence
     return fallback
 
 
+def _same_gap(gaps: list[float]) -> list[float]:
+    """The gaps within ±:data:`GAP_SHARE` of their median, plus :data:`GAP_SLACK_S`."""
+    if not gaps:
+        return []
+    med = statistics.median(gaps)
+    return [g for g in gaps if abs(g - med) <= GAP_SHARE * med + GAP_SLACK_S]
+
+
 def resolve(w: Workload, declared: Arrivals | None) -> Arrivals:
     """The model the replays use: the declared one (a declared closed loop without a think
-    time gets the recording's: the median gap from a finish to the next arrival, within
-    :data:`GAP_SHARE` of the finishes' spacing), else :func:`detect`'s."""
+    time gets the recording's: the median gap from a finish to the next arrival), else :func:`detect`'s."""
     if declared is None:
         return detect(w)
     if declared.kind == "closed" and declared.think_s is None:
         m = _measure(w)
-        close = [g for g in m[2] if g <= GAP_SHARE * m[3]] if m is not None else []
+        close = _same_gap(m[2]) if m is not None else []
         declared.think_s = float(statistics.median(close)) if close else 0.0
     return declared
 

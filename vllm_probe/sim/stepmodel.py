@@ -355,10 +355,14 @@ def region_of(rows: np.ndarray) -> dict[str, float]:
 
 
 def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: float = 0.05,
-             rounds: int = 3, source: str = "", relative: bool = False) -> StepTimeModel:
+             rounds: int = 3, source: str = "", relative: bool = False, windows: int = 0) -> StepTimeModel:
     """Fit ``terms`` on :data:`FEATURES` ``rows`` and their measured ``periods`` (s; NaN
     rows are left out); see :func:`fit`. ``relative``: minimise relative rather than
-    absolute error (calibration, whose steps span 1 ms to seconds).
+    absolute error (calibration, whose steps span 1 ms to seconds). ``windows``: fit the
+    shape jointly with a speed factor per window of that many equal shares of the steps
+    (alternating :data:`DRIFT_ROUNDS` times: shape on the periods divided by the speed,
+    speed from the periods over the shape), so a machine that slowed down mid-run does
+    not bend the coefficients.
 
     Raises:
         ValueError: fewer than ``len(terms) + 2`` measured rows.
@@ -372,11 +376,20 @@ def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: 
                          "too few to fit the step-time model")
     keep = np.ones(len(y), bool)
     wt = 1.0 / np.maximum(y, 1e-9) if relative else np.ones(len(y))
-    b0, b = _solve(x, y, wt if relative else None)
-    for _ in range(rounds):
-        res = np.abs(y - b0 - x @ b) * wt
-        keep = res <= np.quantile(res, 1 - trim)
-        b0, b = _solve(x[keep], y[keep], wt[keep] if relative else None)
+    speed = np.ones(len(y))
+    parts = np.array_split(np.arange(len(y)), max(1, min(windows, len(y)))) if windows else []
+    for _ in range(DRIFT_ROUNDS if windows else 1):
+        yy = y / speed
+        b0, b = _solve(x, yy, wt if relative else None)
+        for _ in range(rounds):
+            res = np.abs(yy - b0 - x @ b) * wt
+            keep = res <= np.quantile(res, 1 - trim)
+            b0, b = _solve(x[keep], yy[keep], wt[keep] if relative else None)
+        raw = np.maximum(b0 + x @ b, 0.0)
+        total = y.sum() / raw.sum() if raw.sum() > 0 else 1.0
+        for idx in parts:
+            r = raw[idx].sum()
+            speed[idx] = (y[idx].sum() / r) / total if r > 0 else 1.0
     raw = np.maximum(b0 + x @ b, 0.0)
     # stalls are part of the wall time: the level spreads them over every step
     level = float(y.sum() / raw.sum()) if raw.sum() > 0 else 1.0
@@ -394,11 +407,19 @@ def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: 
     return StepTimeModel(terms, b0, tuple(float(c) for c in b), quality, level=level, region=region_of(rows[ok]))
 
 
+#: Alternations of shape and speed in :func:`fit_rows` with ``windows``.
+DRIFT_ROUNDS = 6
+
+
 def _drift(y: np.ndarray, pred: np.ndarray) -> float:
     """The largest |measured / predicted − 1| of the summed periods of the run's tenths."""
     tenths = [float(a.sum() / b.sum()) - 1.0 for a, b in zip(np.array_split(y, 10), np.array_split(pred, 10))
               if len(a) and b.sum() > 0]
     return max((abs(t) for t in tenths), default=0.0)
+
+
+#: Windows of the recording-only fit's speed over time (tenths of the measured steps).
+DRIFT_WINDOWS = 10
 
 
 def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rounds: int = 3) -> StepTimeModel:
@@ -410,7 +431,7 @@ def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rou
     """
     terms = tuple(terms or (DEFAULT_TERMS if w.chunk_events else COARSE_TERMS))
     rows, periods = recorded_features(w)
-    return fit_rows(rows, periods, terms, trim, rounds, w.source)
+    return fit_rows(rows, periods, terms, trim, rounds, w.source, windows=DRIFT_WINDOWS)
 
 
 def fit_level(model: StepTimeModel, w: Workload) -> StepTimeModel:
