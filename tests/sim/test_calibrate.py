@@ -131,3 +131,31 @@ def test_calibrate_with_the_model_folder_gone_is_one_line(tmp_path):
     assert r.stderr.strip().count("\n") == 0
     assert f"the model folder {tmp_path / 'gone-model'} is gone" in r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+@requires_vllm
+def test_whatif_refuses_a_profile_of_another_release_and_marks_it_when_forced(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from vllm_probe.sim import profile as profiles
+    from vllm_probe.sim.profile import Identity, Profile
+    from vllm_probe.sim.whatif import WhatifError, predict
+    from vllm_probe.tui.whatif_view import render
+
+    run = record(tmp_path / "run", workload(poisson(n=8)), nonlinear_cost)
+    other = Identity(model="/m/tiny", hardware=profiles.hardware(), vllm="0.1.0")
+    path = profiles.save(Profile(terms=["prefill_tokens", "decode_reqs"], intercept_s=0.002, coef_s=[4e-6, 3e-4],
+                                 region={"prefill_tokens": 1024.0, "decode_reqs": 16.0, "attn_decode": 1e5},
+                                 fit=[], measured_on=other), tmp_path / "p.json")
+    with pytest.raises(WhatifError) as e:
+        predict(run, [], out=tmp_path / "o", profile=path)
+    assert "\n" not in str(e.value) and "was measured on model '/m/tiny'" in str(e.value)
+    r = predict(run, [], out=tmp_path / "o", profile=path, force=True)
+    assert r.forced.startswith("FORCED: ") and r.profile == str(path) and r.model.profile == str(path)
+    assert r.model.terms == ("prefill_tokens", "decode_reqs") and r.model.level > 0
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(r, 200))
+    assert "FORCED PROFILE" in out.getvalue()
+    assert r.to_dict()["forced"] == r.forced
