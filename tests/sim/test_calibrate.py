@@ -159,3 +159,26 @@ def test_whatif_refuses_a_profile_of_another_release_and_marks_it_when_forced(tm
     Console(file=out, width=200).print(render(r, 200))
     assert "FORCED PROFILE" in out.getvalue()
     assert r.to_dict()["forced"] == r.forced
+
+
+@requires_vllm
+def test_ctrl_c_during_calibration_leaves_no_profile_and_no_run(tmp_path, monkeypatch):
+    import tempfile
+
+    from vllm_probe.sim.calibrate import calibrate
+
+    monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", str(tmp_path / "cache"))
+    run = record(tmp_path / "run", workload(poisson(n=6)), nonlinear_cost)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    seen = []
+
+    def interrupted(plan, run_dir, max_seconds):
+        (run_dir / "events-1.jsonl").write_text("{}\n")
+        seen.append(run_dir)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(run, tmp_path / "p.json", driver=interrupted)
+    assert seen and not seen[0].exists() and list((tmp_path / "tmp").iterdir()) == []
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "cache").exists()

@@ -431,7 +431,11 @@ def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rou
     """
     terms = tuple(terms or (DEFAULT_TERMS if w.chunk_events else COARSE_TERMS))
     rows, periods = recorded_features(w)
-    return fit_rows(rows, periods, terms, trim, rounds, w.source, windows=DRIFT_WINDOWS)
+    model = fit_rows(rows, periods, terms, trim, rounds, w.source, windows=DRIFT_WINDOWS)
+    if not w.chunk_events:  # prefill and decode are not told apart in the recording: no region
+        model.region = {}
+        model.__post_init__()
+    return model
 
 
 def fit_level(model: StepTimeModel, w: Workload) -> StepTimeModel:
