@@ -142,6 +142,8 @@ def detect(w: Workload) -> Arrivals:
     """The arrival model of a recorded run (see the module docstring)."""
     anchored = sum(r.anchored for r in w.requests)
     fallback = Arrivals("burst" if anchored > 1 else "open")
+    if anchored > 1:
+        fallback.evidence = f"{anchored} requests reached the engine before steps 0-1, during its first step"
     m = _measure(w)
     if m is None or m[4] < MIN_REQUESTS:
         return fallback
@@ -153,7 +155,8 @@ def detect(w: Workload) -> Arrivals:
                 f"ms after a finish (finishes {spacing * 1e3:.1f} ms apart), {steady * 100:.0f} % with {n} in flight")
     if steady >= STEADY_SHARE and after >= AFTER_FINISH_SHARE:
         return Arrivals("closed", n, float(statistics.median(close)) if close else 0.0, evidence=evidence)
-    fallback.evidence = evidence
+    if fallback.kind == "open":
+        fallback.evidence = evidence
     return fallback
 
 

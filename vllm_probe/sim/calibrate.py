@@ -10,10 +10,10 @@ so prefills of that size happen unchunked. The child sends :func:`design`'s grou
 after another (``LLM.generate`` per group: a group runs alone, from an idle engine):
 
 * **prefill sweep**: one request of ``P`` prompt tokens and 2 output tokens, ``P`` on a
-  geometric grid from 1 to the largest prefill (twice each: the first of a size pays
+  geometric grid of 20 from 1 to the largest prefill (twice each: the first of a size pays
   the eager CPU backend's new-shape cost, ``new_shape``);
 * **decode sweep**: ``B`` requests of ``L`` prompt tokens and :data:`DECODE_STEPS`
-  output tokens, ``B`` on a geometric grid from 1 to ``max_num_seqs``, ``L`` across the
+  output tokens, ``B`` on a geometric grid from 1 to ``max_num_seqs`` and every power of two, ``L`` across the
   context the KV cache holds for ``B`` requests (up to ``max_model_len``);
 * **mixed steps**: ``B`` short requests decoding while long prompts are chunked beside
   them (one group: the scheduler mixes them itself).
@@ -63,7 +63,7 @@ BUDGET_FACTOR = 4
 #: Output tokens of each decode-sweep request (decode steps per group ≈ this − 1).
 DECODE_STEPS = 16
 #: Points of the prefill grid and of the decode-batch grid.
-PREFILL_POINTS = 12
+PREFILL_POINTS = 20
 BATCH_POINTS = 6
 #: Contexts per decode batch.
 CONTEXT_POINTS = 3
@@ -114,7 +114,7 @@ def design(config: dict[str, Any]) -> Plan:
 
     Prefill sizes go to ``min(4 × budget, max_model_len − 2, KV capacity − 2 blocks)``;
     a decode group of ``B`` requests of ``L`` prompt tokens keeps ``B × (L + 16 + a block)``
-    within 90 % of the KV capacity.
+    within 97 % of the KV capacity (a KV-bound recording decodes near a full cache).
     """
     budget = int(config.get("max_num_batched_tokens") or 2048)
     seqs = int(config.get("max_num_seqs") or 16)
@@ -126,10 +126,11 @@ def design(config: dict[str, Any]) -> Plan:
     pmax = max(1, min(BUDGET_FACTOR * budget, mml - 2, capacity - 2 * bs))
     plan = Plan(cal_budget, seqs, mml, bs, blocks)
     prefills = _geom(1, pmax, PREFILL_POINTS)
-    batches = _geom(1, seqs, BATCH_POINTS)
+    # powers of two too: batch regimes change there (kernel tiles, CUDA-graph batch sizes)
+    batches = sorted(set(_geom(1, seqs, BATCH_POINTS)) | {1 << k for k in range(seqs.bit_length()) if 1 << k <= seqs})
     decodes: list[Group] = []
     for b in batches:
-        lmax = min(mml - DECODE_STEPS - 1, int(0.9 * capacity / b) - DECODE_STEPS - bs)
+        lmax = min(mml - DECODE_STEPS - 1, int(0.97 * capacity / b) - DECODE_STEPS - bs)
         if lmax < 1:
             continue
         for length in _geom(min(16, lmax), lmax, CONTEXT_POINTS):
@@ -154,9 +155,10 @@ def design(config: dict[str, Any]) -> Plan:
 
 def choose_hinges(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str]) -> tuple[str, ...]:
     """``terms`` plus the hinges (``prefill_tokens>k``, ``decode_reqs>k``) that measurably
-    improve the fit: greedily, the candidate knot (a value seen in the data, between its
-    10th and 90th percentile) that lowers the relative squared error most, kept when it
-    lowers it by :data:`HINGE_GAIN` or more; at most :data:`MAX_HINGES` per feature."""
+    improve the fit: greedily, the candidate knot of either feature (a value seen in the
+    data, between its 10th and 90th percentile) that lowers the relative squared error
+    most, kept when it lowers it by :data:`HINGE_GAIN` or more; at most
+    :data:`MAX_HINGES` per feature."""
     ok = np.isfinite(periods) & (periods > 0)
     r, y = rows[ok], periods[ok]
 
@@ -171,25 +173,28 @@ def choose_hinges(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str]) -
 
     chosen = list(terms)
     best = sse(chosen)
+    cands: dict[str, list[float]] = {}
     for name in ("prefill_tokens", "decode_reqs"):
         col = r[:, _INDEX[name]]
         vals = np.unique(col[col > 0])
         if len(vals) < 4:
             continue
         lo, hi = np.quantile(vals, 0.1), np.quantile(vals, 0.9)
-        cands = [float(v) for v in vals if lo <= v <= hi]
-        if len(cands) > 24:
-            cands = [cands[int(i)] for i in np.linspace(0, len(cands) - 1, 24)]
-        for _ in range(MAX_HINGES):
-            trials = [(sse(chosen + [f"{name}>{k:g}"]), k) for k in cands
-                      if f"{name}>{k:g}" not in chosen]
-            if not trials:
-                break
-            err, k = min(trials)
-            if err > best * (1 - HINGE_GAIN):
-                break
-            chosen.append(f"{name}>{k:g}")
-            best = err
+        found = [float(v) for v in vals if lo <= v <= hi]
+        if len(found) > 24:
+            found = [found[int(i)] for i in np.linspace(0, len(found) - 1, 24)]
+        cands[name] = found
+    while True:  # each round: the best hinge of any feature
+        trials = [(sse(chosen + [f"{name}>{k:g}"]), f"{name}>{k:g}") for name, ks in cands.items()
+                  if sum(t.startswith(name + ">") for t in chosen) < MAX_HINGES
+                  for k in ks if f"{name}>{k:g}" not in chosen]
+        if not trials:
+            break
+        err, term = min(trials)
+        if err > best * (1 - HINGE_GAIN):
+            break
+        chosen.append(term)
+        best = err
     return tuple(chosen)
 
 
