@@ -3,14 +3,12 @@ their matching, and calibrate's one-line failures."""
 
 from __future__ import annotations
 
-import json
-import os
 
 import numpy as np
 import pytest
 
 from tests.conftest import requires_vllm, run_cli
-from tests.sim._hand import SPEC, feature, nonlinear_cost, poisson, record, workload
+from tests.sim._hand import feature, nonlinear_cost, poisson, record, workload
 
 
 def grid_rows(pmax: int, seqs: int, mml: int):
@@ -83,7 +81,6 @@ def test_profile_from_another_engine_is_refused_in_one_line(tmp_path):
     for change, words in ((dict(model="/m/other"), "model '/m/tiny', the recording's is '/m/other'"),
                           (dict(vllm="0.33.0"), "vLLM release '0.32.0'"),
                           (dict(hardware="GPU: NVIDIA H200 ×1"), "hardware 'CPU: x'")):
-        other = Identity(**{**here.__dict__, **change}) if hasattr(here, "__dict__") else None
         other = Identity(**{f: getattr(here, f) for f in here.__struct_fields__} | change)
         with pytest.raises(ProfileError) as e:
             profiles.check(loaded, other, path)

@@ -151,7 +151,8 @@ def detect(w: Workload) -> Arrivals:
     close = _same_gap(gaps)
     after = len(close) / later
     med = statistics.median(gaps) if gaps else 0.0
-    evidence = (f"{after * 100:.0f} % of requests arrived {med * 1e3:.1f} ± {(GAP_SHARE * med + GAP_SLACK_S) * 1e3:.1f} "
+    window = (GAP_SHARE * med + GAP_SLACK_S) * 1e3
+    evidence = (f"{after * 100:.0f} % of requests arrived {med * 1e3:.1f} ± {window:.1f} "
                 f"ms after a finish (finishes {spacing * 1e3:.1f} ms apart), {steady * 100:.0f} % with {n} in flight")
     if steady >= STEADY_SHARE and after >= AFTER_FINISH_SHARE:
         return Arrivals("closed", n, float(statistics.median(close)) if close else 0.0, evidence=evidence)

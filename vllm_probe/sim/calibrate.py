@@ -36,7 +36,6 @@ a virtual clock whose steps cost what a given function says: a known engine, for
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -323,7 +322,8 @@ class RealEngine:
                 proc.wait()
                 raise
         if code != 0:
-            raise CalibrateError("the engine did not start or failed: " + last_error(log_path.read_text(errors="replace")))
+            text = log_path.read_text(errors="replace")
+            raise CalibrateError("the engine did not start or failed: " + last_error(text))
 
 
 def last_error(text: str) -> str:
