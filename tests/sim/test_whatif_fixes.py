@@ -113,3 +113,13 @@ def test_whatif_table_with_six_settings_at_160_columns_is_paged_not_cut(tmp_path
     assert "TTFT median (steps)" in text and "TTFT p90 (steps)" in text
     assert "steps outside the model's fitted region: baseline 0 %" in text
     assert r.configs[-1].replay["outside_region"] > 0  # 1,024-token steps: never recorded at budget 256
+
+
+def test_whatif_bad_arrivals_and_missing_profile_are_one_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for args, words in ((["--arrivals", "closed:x"], "--arrivals 'closed:x': use auto, open, closed:N"),
+                        (["--profile", str(tmp_path / "none.json")], f"cannot read the profile {tmp_path / 'none.json'}"),
+                        (["--profile", "p.json", "--no-profile"], "--profile and --no-profile exclude each other")):
+        r = run_cli("whatif", str(run), *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, (args, r.stderr)

@@ -81,6 +81,13 @@ def main(args: argparse.Namespace) -> int:
         parse(args.arrivals)
     except ArrivalsError as e:
         raise CliError(str(e)) from None
+    if args.profile:
+        from ..sim.profile import ProfileError, load
+
+        try:
+            load(args.profile)
+        except ProfileError as e:
+            raise CliError(str(e)) from None
     try:
         grid = parse_sets(args.sets)
         require_vllm()
