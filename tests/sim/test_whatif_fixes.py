@@ -118,8 +118,9 @@ def test_whatif_table_with_six_settings_at_160_columns_is_paged_not_cut(tmp_path
 def test_whatif_bad_arrivals_and_missing_profile_are_one_line(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
+    missing = tmp_path / "none.json"
     for args, words in ((["--arrivals", "closed:x"], "--arrivals 'closed:x': use auto, open, closed:N"),
-                        (["--profile", str(tmp_path / "none.json")], f"cannot read the profile {tmp_path / 'none.json'}"),
+                        (["--profile", str(missing)], f"cannot read the profile {missing}"),
                         (["--profile", "p.json", "--no-profile"], "--profile and --no-profile exclude each other")):
         r = run_cli("whatif", str(run), *args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and words in r.stderr, (args, r.stderr)
