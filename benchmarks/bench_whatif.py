@@ -1,22 +1,32 @@
 """How right and how fast ``vllm-probe whatif`` is: predictions against real runs, and replay speed.
 
-    python -m benchmarks.bench_whatif                   # accuracy on 3 workloads + speed (~25 min here)
+    python -m benchmarks.bench_whatif                   # accuracy on 5 workloads + speed (~60 min here)
+    python -m benchmarks.bench_whatif --workloads light --profile P.json   # reuse a calibrated profile
     python -m benchmarks.bench_whatif --speed-only      # replay speed at 8, 32, 256 running requests
     python -m benchmarks.bench_whatif --workloads timed # one workload's accuracy
     python -m benchmarks.bench_whatif --quick           # checks that it runs (speed at 8, tiny)
 
 **Accuracy.** Per workload: record it on the real CPU engine (tiny model, ``vllm-probe
-run``) at one setting; predict four others with :func:`vllm_probe.sim.whatif.predict`
-(token budget halved and doubled, KV cache smaller and larger); run those four for real;
-print each figure's relative error, prediction against measurement, and the baseline's
-(the recorded settings replayed) against the recording. Workloads:
+run``) at one setting; predict five others with :func:`vllm_probe.sim.whatif.predict`
+(token budget ×¼ and ×4, KV blocks ×½ and ×2, ``max_num_seqs`` ÷ 4), once with a
+calibrated step-time profile (``vllm-probe calibrate``, once per session, or
+``--profile FILE``) and once with the recording-only model (``profile=False``); run the
+five for real; print each figure's relative error, prediction against measurement, the
+profile's row above the recording-only one, and the baseline's (the recorded settings
+replayed) against the recording. Targets (issue 18): TTFT p50/p90 within 10 % (or 3 ms
+where TTFT is a few ms), throughput and duration within 5 %, steps within 2 %.
+Workloads (``examples/timed_arrivals.py``, ``AsyncLLM``: the server's engine, mixed
+lengths: prompts 64–1,200 tokens, outputs 16–200, Poisson arrivals):
 
+* ``light``: 40 requests at 4/s (below saturation on any machine here);
+* ``saturated``: 96 requests at 32/s (saturates a quiet machine too, design.md §7);
+* ``prefix-light`` / ``prefix-saturated``: the same, 80 % of prompts behind one of three
+  shared system prefixes (300 / 700 / 1,100 tokens), 30 % second turns, prefix caching on;
 * ``burst``: ``examples/long_prompts.py`` as ``make demo`` runs it: 16 × 1,536-token
-  prompts at once (an offline ``LLM.generate``), 256 output tokens each;
-* ``timed``: ``examples/timed_arrivals.py``: 40 requests at Poisson times (4/s: below
-  saturation), prompts 64–1,200 tokens, outputs 16–200 (``AsyncLLM``, the server's engine);
-* ``prefix``: the same at 10/s (near saturation), 80 % of prompts behind one of three
-  shared system prefixes (300 / 700 / 1,100 tokens), 30 % second turns, prefix caching on.
+  prompts at once (an offline ``LLM.generate``), 256 output tokens each.
+
+A server under a closed-loop client (``vllm bench serve --max-concurrency``) is the
+remaining workload of the issue; it needs a server run of minutes and is not here yet.
 
 Each real run also reports how fast the machine ran during it: the median period of
 its decode-only steps against the recording's (``speed``; 1.00: as fast, 0.65: its steps
@@ -56,19 +66,30 @@ ROOT = Path(__file__).resolve().parents[1]
 LONG = ROOT / "examples" / "long_prompts.py"
 TIMED = ROOT / "examples" / "timed_arrivals.py"
 
-#: name -> (example, its arguments, description, grid of four predictions)
+#: The five predictions of a recording at budget B, KV blocks K and max_num_seqs S.
+def _grid(budget: int, blocks: int, seqs: int) -> list[dict]:
+    return [{"max_num_batched_tokens": budget // 4}, {"max_num_batched_tokens": budget * 4},
+            {"num_kv_blocks": blocks // 2}, {"num_kv_blocks": blocks * 2}, {"max_num_seqs": max(1, seqs // 4)}]
+
+
+_PREFIX = ["--enable-prefix-caching", "--prefix-groups", "300,700,1100", "--second-turns", "0.3"]
+#: name -> (example, its arguments, description, grid of predictions)
 WORKLOADS = {
-    "burst": (LONG, [], "16 x 1,536-token prompts at once, 256 out; budget 1,024, KV 64 blocks",
-              [{"max_num_batched_tokens": 512}, {"max_num_batched_tokens": 2048},
-               {"num_kv_blocks": 48}, {"num_kv_blocks": 96}]),
-    "timed": (TIMED, ["--rate", "4"], "40 requests, Poisson 4/s, prompts 64-1,200, out 16-200; budget 512, KV 64",
-              [{"max_num_batched_tokens": 256}, {"max_num_batched_tokens": 1024},
-               {"num_kv_blocks": 24}, {"num_kv_blocks": 128}]),
-    "prefix": (TIMED, ["--rate", "10", "--enable-prefix-caching", "--prefix-groups", "300,700,1100",
-                       "--second-turns", "0.3", "--num-kv-blocks", "48"],
-               "40 requests, Poisson 10/s, 3 shared prefixes + 30 % second turns, prefix caching; budget 512, KV 48",
-               [{"max_num_batched_tokens": 256}, {"max_num_batched_tokens": 1024},
-                {"num_kv_blocks": 24}, {"num_kv_blocks": 96}]),
+    "light": (TIMED, ["--rate", "4", "--max-num-seqs", "16"],
+              "40 requests, Poisson 4/s, prompts 64-1,200, out 16-200; budget 512, KV 64, seqs 16",
+              _grid(512, 64, 16)),
+    "saturated": (TIMED, ["--num-requests", "96", "--rate", "32", "--max-num-seqs", "16"],
+                  "96 requests, Poisson 32/s, prompts 64-1,200, out 16-200; budget 512, KV 64, seqs 16",
+                  _grid(512, 64, 16)),
+    "prefix-light": (TIMED, ["--rate", "4", "--max-num-seqs", "16", "--num-kv-blocks", "48", *_PREFIX],
+                     "40 requests, Poisson 4/s, 3 shared prefixes + 30 % second turns, prefix caching; budget 512, "
+                     "KV 48, seqs 16", _grid(512, 48, 16)),
+    "prefix-saturated": (TIMED, ["--num-requests", "96", "--rate", "32", "--max-num-seqs", "16", "--num-kv-blocks",
+                                 "48", *_PREFIX],
+                         "96 requests, Poisson 32/s, 3 shared prefixes + 30 % second turns, prefix caching; budget "
+                         "512, KV 48, seqs 16", _grid(512, 48, 16)),
+    "burst": (LONG, [], "16 x 1,536-token prompts at once, 256 out; budget 1,024, KV 64 blocks, seqs 16",
+              _grid(1024, 64, 16)),
 }
 #: Scheduling figures (target: within 2 %, exact for bursts) and time figures (5 %), by
 #: the labels of vllm_probe.analysis.compare.FIGURES, with their short column names.
@@ -76,7 +97,8 @@ SCHEDULING = (("steps", "steps"), ("preemptions", "preempt"), ("discarded tokens
               ("chunks/prompt mean", "chunks/p"))
 TIMING = (("output tokens/s", "tok/s"), ("TTFT median", "TTFT med"), ("TTFT p90", "TTFT p90"))
 #: CLI flag of each setting in the examples.
-FLAGS = {"max_num_batched_tokens": "--max-num-batched-tokens", "num_kv_blocks": "--num-kv-blocks"}
+FLAGS = {"max_num_batched_tokens": "--max-num-batched-tokens", "num_kv_blocks": "--num-kv-blocks",
+         "max_num_seqs": "--max-num-seqs"}
 
 
 def _record(run_dir: Path, example: Path, args: list[str]) -> None:
@@ -107,8 +129,22 @@ def _rel(pred, real) -> str:
     return f"{(pred - real) / real * 100:+.1f}%"
 
 
-def accuracy(name: str, parent: Path, jobs: int) -> dict:
-    """Record, predict, measure one workload; print its table; return the numbers."""
+def calibrated(like: Path, out: Path, max_seconds: float) -> Path:
+    """A profile of ``like``'s engine (``vllm-probe calibrate``), timed."""
+    t = time.perf_counter()
+    cmd = [sys.executable, "-m", "vllm_probe", "calibrate", "--like", str(like), "--out", str(out),
+           "--max-seconds", str(max_seconds)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        sys.exit(f"bench_whatif: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    print(f"  calibrate: {time.perf_counter() - t:.0f} s, load avg {os.getloadavg()[0]:.1f}: "
+          f"{proc.stderr.strip().splitlines()[-1]}", flush=True)
+    return out
+
+
+def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_seconds: float) -> tuple[dict, Path]:
+    """Record, predict (with the profile and without), measure one workload; print its
+    table; return the numbers and the profile used (calibrated here when None)."""
     from vllm_probe.analysis.compare import FIGURE
     from vllm_probe.analysis.summary import summarize
     from vllm_probe.analysis.workload import load_workload
@@ -117,21 +153,28 @@ def accuracy(name: str, parent: Path, jobs: int) -> dict:
 
     example, args, text, grid = WORKLOADS[name]
     base_dir = parent / name / "recorded"
-    print(f"\n[{time.strftime('%H:%M:%S')}] {name}: {text}", flush=True)
+    print(f"\n[{time.strftime('%H:%M:%S')}] {name}: {text}; load avg {os.getloadavg()[0]:.1f}", flush=True)
     _record(base_dir, example, args)
+    if profile is None:
+        profile = calibrated(base_dir, parent / "profile.json", max_seconds)
     t = time.perf_counter()
-    result = predict(base_dir, grid, out=parent / name / "whatif", jobs=jobs)
+    with_profile = predict(base_dir, grid, out=parent / name / "whatif-profile", jobs=jobs, profile=profile,
+                           force=True)
+    recording_only = predict(base_dir, grid, out=parent / name / "whatif-recording", jobs=jobs, profile=False)
     predict_s = time.perf_counter() - t
     real_dirs = []
     for overrides in grid:
         run = parent / name / ("measured-" + "-".join(f"{k}={v}" for k, v in overrides.items()))
         _record(run, example, _with(args, overrides))
         real_dirs.append(run)
-    q = result.model.quality
-    print(f"  model: {len(result.model.terms)} terms, R² {q.r2:.2f} ({q.r2_trimmed:.2f} trimmed), per-step error "
-          f"median {q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms; predict() {predict_s:.0f} s for 5 replays")
-    figures = SCHEDULING + (("prefix-hit tokens", "hits"),) + TIMING if name == "prefix" else SCHEDULING + TIMING
-    head = f"  {'setting':28s}" + "".join(f"{short:>10s}" for _, short in figures) + f"{'speed':>8s}  burst"
+    for tag, result in (("profile", with_profile), ("recording-only", recording_only)):
+        q = result.model.quality
+        print(f"  {tag} model: {len(result.model.terms)} terms, R² {q.r2:.2f}, per-step error median "
+              f"{q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms", flush=True)
+    print(f"  predict(): {predict_s:.0f} s for 2 × 6 replays; {with_profile.arrivals.describe()}")
+    figures = SCHEDULING + (("prefix-hit tokens", "hits"),) + TIMING if name.startswith("prefix") else (
+        SCHEDULING + TIMING)
+    head = f"  {'setting':34s}" + "".join(f"{short:>10s}" for _, short in figures) + f"{'speed':>8s}{'outside':>9s}"
     print(head)
     rec_speed = decode_period_s(load_workload(base_dir))
 
@@ -142,35 +185,28 @@ def accuracy(name: str, parent: Path, jobs: int) -> dict:
 
     recorded = summarize(base_dir)
     rows = []
-    cells = [_rel(value(result.baseline.summary, label), value(recorded, label)) for label, _ in figures]
-    print(f"  {'baseline (self-replay)':28s}" + "".join(f"{c:>10s}" for c in cells) + f"{'1.00':>8s}")
-    rows.append({"setting": "baseline", "errors": dict(zip([f for f, _ in figures], cells))})
-    recorded_w = load_workload(base_dir)
-    pattern = [r.add_before_step for r in recorded_w.requests]
-    is_burst = sum(r.anchored for r in recorded_w.requests) > 1  # arrivals by step: the race matters
-    for config, run in zip(result.configs, real_dirs):
+    for tag, result in (("profile", with_profile), ("rec-only", recording_only)):
+        cells = [_rel(value(result.baseline.summary, label), value(recorded, label)) for label, _ in figures]
+        print(f"  {'baseline (self-replay) ' + tag:34s}" + "".join(f"{c:>10s}" for c in cells) + f"{'1.00':>8s}")
+        rows.append({"setting": "baseline", "model": tag, "errors": dict(zip([f for f, _ in figures], cells))})
+    for k, run in enumerate(real_dirs):
         real = summarize(run)
-        cells = [_rel(value(config.summary, label), value(real, label)) for label, _ in figures]
         speed = decode_period_s(load_workload(run))
         ratio = rec_speed / speed if rec_speed and speed else None
-        same_burst = [r.add_before_step for r in load_workload(run).requests] == pattern if is_burst else None
-        label = ",".join(f"{k}={v}" for k, v in config.overrides.items())
-        burst = "" if same_burst is None else ("same" if same_burst else "other")
-        print(f"  {label:28s}" + "".join(f"{c:>10s}" for c in cells)
-              + f"{(f'{ratio:.2f}' if ratio else '-'):>8s}  {burst}", flush=True)
-        adjusted = {}
-        if ratio:  # the same prediction on a machine as fast as during the measured run
-            again = predict(base_dir, [config.overrides], out=parent / name / "whatif-adjusted",
-                            step_time_scale=1 / ratio).configs[0].summary
-            adjusted = {f: _rel(value(again, f), value(real, f)) for f, _ in figures}
-            print(f"  {'  adjusted for speed':28s}" + "".join(
-                f"{adjusted.get(f, ''):>10s}" for f, _ in figures), flush=True)
-        rows.append({"setting": label, "errors": dict(zip([f for f, _ in figures], cells)), "speed": ratio,
-                     "same_burst": same_burst, "speed_adjusted_errors": adjusted,
-                     "predicted": {f: value(config.summary, f) for f, _ in figures},
-                     "measured": {f: value(real, f) for f, _ in figures}})
-    return {"workload": name, "description": text, "rows": rows,
-            "model": result.model.to_dict(), "baseline_within": result.error["within"]}
+        for tag, result in (("profile", with_profile), ("rec-only", recording_only)):
+            config = result.configs[k]
+            cells = [_rel(value(config.summary, label), value(real, label)) for label, _ in figures]
+            label = ",".join(f"{k2}={v}" for k2, v in config.overrides.items()) + " " + tag
+            out_share = config.replay.get("outside_region")
+            print(f"  {label:34s}" + "".join(f"{c:>10s}" for c in cells)
+                  + f"{(f'{ratio:.2f}' if ratio else '-'):>8s}"
+                  + f"{(f'{out_share * 100:.0f}%' if out_share is not None else '-'):>9s}", flush=True)
+            rows.append({"setting": label, "model": tag, "errors": dict(zip([f for f, _ in figures], cells)),
+                         "speed": ratio, "outside_region": out_share,
+                         "predicted": {f: value(config.summary, f) for f, _ in figures},
+                         "measured": {f: value(real, f) for f, _ in figures}})
+    return {"workload": name, "description": text, "rows": rows, "load_avg": os.getloadavg()[0],
+            "model": with_profile.model.to_dict(), "baseline_within": with_profile.error["within"]}, profile
 
 
 def speed_one(n: int, steps: int) -> dict:
@@ -228,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="only check that it runs (speed at 8, 200 steps)")
     p.add_argument("--speed-only", action="store_true")
-    p.add_argument("--workloads", default="burst,timed,prefix", help="comma list of " + ", ".join(WORKLOADS))
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of " + ", ".join(WORKLOADS))
+    p.add_argument("--profile", type=Path, help="a calibrated profile to use (default: calibrate on the first "
+                                                "workload's recording)")
+    p.add_argument("--calibrate-seconds", type=float, default=120, help="calibrate's --max-seconds")
     p.add_argument("--jobs", type=int, default=2, help="predict()'s processes (default 2)")
     p.add_argument("--out", type=Path, help="where runs go (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
@@ -246,7 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.speed_only:
             parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-"))
-            report["accuracy"] = [accuracy(name, parent, args.jobs) for name in args.workloads.split(",") if name]
+            report["accuracy"] = []
+            profile = args.profile
+            for name in (n for n in args.workloads.split(",") if n):
+                row, profile = accuracy(name, parent, args.jobs, profile, args.calibrate_seconds)
+                report["accuracy"].append(row)
         report["speed"] = speed([(8, 3000), (32, 2000), (32, 8000), (256, 600)])
     print(f"\nload avg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:

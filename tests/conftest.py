@@ -91,6 +91,8 @@ def _no_probe_env(monkeypatch):
     """Tests start from an environment where the probe is off."""
     for name in ("VLLMPROBE_ENABLE", "VLLMPROBE_RUN_DIR", "VLLMPROBE_SETTINGS"):
         monkeypatch.delenv(name, raising=False)
+    # no step-time profile a user calibrated on this machine leaks into a test's whatif
+    monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", "/nonexistent/vllm-probe-test-profiles")
 
 
 #: Marker text inside every prompt the server fixture sends (privacy tests look for it).

@@ -23,6 +23,9 @@ TINY_MODEL = "VLLMPROBE_TINY_MODEL"
 #: Where the compatibility suite (``python -m tests.compat``) caches each vLLM release's
 #: sources; default ``~/.cache/vllm-probe/compat``.
 COMPAT_CACHE = "VLLMPROBE_COMPAT_CACHE"
+#: Where ``vllm-probe calibrate`` stores step-time profiles and ``whatif`` looks for a
+#: matching one (:mod:`vllm_probe.sim.profile`); default ``~/.cache/vllm-probe/profiles``.
+PROFILE_DIR = "VLLMPROBE_PROFILE_DIR"
 #: The terminal's width in columns (set by shells); reports written to a pipe use it
 #: when set (:func:`vllm_probe.tui.format.report_console`).
 COLUMNS = "COLUMNS"

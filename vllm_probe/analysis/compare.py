@@ -279,9 +279,26 @@ def itl_spread(s: Summary) -> float | None:
     return max(d.p90 / d.median - 1.0, 0.0)
 
 
+def is_prediction(s: Summary) -> bool:
+    """Whether ``s`` is a replay written by ``vllm-probe whatif`` (its meta.json command)."""
+    return bool(s.command) and list(s.command[:2]) == ["vllm-probe", "whatif"]
+
+
+def steps_comparable(base: Summary, other: Summary) -> bool:
+    """Whether a step of ``other`` holds the same work as one of ``base``: equal token
+    budgets (``max_num_batched_tokens``). At other budgets one step of 6,600 tokens does
+    what three of 2,048 do, so figures counted in steps (TTFT in steps) do not compare."""
+    a, b = base.config.get("max_num_batched_tokens"), other.config.get("max_num_batched_tokens")
+    return a is None or b is None or a == b
+
+
 def noise_threshold(base: Summary, other: Summary) -> float | None:
     """The relative delta below which a wall-clock figure of ``other`` against ``base`` is
-    within noise: the larger :func:`itl_spread` of the two (None: neither run measured one)."""
+    within noise: the larger :func:`itl_spread` of the two (None: neither run measured one,
+    or one is a prediction and the other a real run: their gap is the model's error, not
+    the machine's noise)."""
+    if is_prediction(base) != is_prediction(other):
+        return None
     spreads = [x for x in (itl_spread(base), itl_spread(other)) if x is not None]
     return max(spreads) if spreads else None
 
@@ -325,9 +342,10 @@ class GroupVerdict:
 CHANGES_SHOWN = 3
 
 
-def verdicts(rows: list[dict[str, Any]], n_runs: int) -> list[GroupVerdict]:
+def verdicts(rows: list[dict[str, Any]], n_runs: int, comparable: list[bool] | None = None) -> list[GroupVerdict]:
     """A :class:`GroupVerdict` per group and per run after the baseline, from the rows of
-    :func:`comparison` (``rows[i]["deltas"][run - 1]``)."""
+    :func:`comparison` (``rows[i]["deltas"][run - 1]``); ``comparable[run - 1]`` False
+    (:func:`steps_comparable`): no step group contradicts a wall-clock one."""
     out = []
     for run in range(1, n_runs):
         for g in GROUPS:
@@ -366,7 +384,8 @@ def verdicts(rows: list[dict[str, Any]], n_runs: int) -> list[GroupVerdict]:
         opposite = {"better": "worse", "worse": "better"}
         for wall_group, step_group in STEP_GROUP_OF.items():
             v = by_group[wall_group]
-            if v.verdict in opposite and by_group[step_group].verdict == opposite[v.verdict]:
+            if (v.verdict in opposite and by_group[step_group].verdict == opposite[v.verdict]
+                    and (comparable is None or comparable[run - 1])):
                 v.contradicted_by = step_group
     return out
 
@@ -396,7 +415,10 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
                                   "noisy": is_noisy(f, rel, threshold) if d else None,
                                   "threshold": threshold if f.clock == WALL else None})
         figures.append(row)
-    same = [same_decisions(figures, run) for run in range(1, len(summaries))]
+    # a prediction against a real run: equal steps do not make their seconds' gap the machine's
+    same = [same_decisions(figures, run) and is_prediction(base) == is_prediction(summaries[run])
+            for run in range(1, len(summaries))]
+    comparable = [steps_comparable(base, s) for s in summaries[1:]]
     for row in figures:  # same decisions: every wall-clock difference is the machine's
         if row["clock"] == WALL:
             for d, is_same in zip(row["deltas"], same):
@@ -409,7 +431,9 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
         "command_differences": command_differences(summaries),
         "expected_differences": expected_differences(summaries),
         "noise": {"itl_spread": [itl_spread(s) for s in summaries], "threshold": thresholds, "same_decisions": same},
+        "steps_comparable": comparable,
+        "predictions": [is_prediction(s) for s in summaries],
         "figures": figures,
-        "verdicts": [asdict(v) for v in verdicts(figures, len(summaries))],
+        "verdicts": [asdict(v) for v in verdicts(figures, len(summaries), comparable)],
         "summaries": [s.to_dict() for s in summaries],
     }

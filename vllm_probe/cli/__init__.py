@@ -13,6 +13,7 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe compare RUN_DIR RUN_DIR [...]
     vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
     vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
+    vllm-probe calibrate --like RUN_DIR [--out PROFILE.json] [--max-seconds N]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
     vllm-probe tiny-model [DIR]
 
@@ -49,6 +50,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
     "doctor": ("vllm_probe.cli.doctor", "what went wrong in a run, the evidence, and what to change"),
     "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
+    "calibrate": ("vllm_probe.cli.calibrate", "measure the recorded engine's step time: a profile for whatif"),
     "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }

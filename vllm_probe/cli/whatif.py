@@ -3,7 +3,9 @@
 Replays a recorded run through vLLM's own scheduler at other settings
 (:func:`vllm_probe.sim.whatif.predict`) and shows the recorded run, the replay at its
 own settings (the baseline, with its error against the recording) and each setting side
-by side (:mod:`vllm_probe.tui.whatif_view`). ``--trace FILE --like RUN_DIR`` replays a
+by side (:mod:`vllm_probe.tui.whatif_view`). ``--profile PROFILE.json`` (``vllm-probe calibrate``; default: a
+matching profile from the cache) gives the step time's shape, ``--arrivals`` the client's
+arrival model (detected by default). ``--trace FILE --like RUN_DIR`` replays a
 timed trace (vLLM's ``timed_trace`` JSONL) with a recorded run's settings and
 step-time model instead.
 
@@ -44,6 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Mooncake traces 512)")
     p.add_argument("--trace-sec-multiplier", type=float, default=1.0, metavar="X",
                    help="multiplies --trace timestamps into seconds (0.001 for milliseconds)")
+    p.add_argument("--profile", metavar="PROFILE.json",
+                   help="a step-time profile (vllm-probe calibrate): its shape, the recording's level "
+                        "(default: a matching profile from the cache, else the recording-only fit)")
+    p.add_argument("--no-profile", action="store_true", help="fit the step time on the recording only")
+    p.add_argument("--force", action="store_true",
+                   help="use a --profile measured on another model, release or hardware (the report says so)")
+    p.add_argument("--arrivals", default="auto", metavar="auto|open|closed:N[:THINK_MS]",
+                   help="how the client sent requests: detected (auto, default), open (recorded times) or a "
+                        "closed loop of N in flight (each sent when one finishes)")
     p.add_argument("--step-time-scale", type=float, default=1.0, metavar="X",
                    help="multiplies every predicted step time (1.25: the engine 25%% slower than when recorded)")
 
@@ -62,6 +73,21 @@ def main(args: argparse.Namespace) -> int:
         raise CliError("--trace needs --like RUN_DIR: the recorded run whose settings and step-time model it uses")
     if args.jobs < 1:
         raise CliError("--jobs must be at least 1")
+    if args.profile and args.no_profile:
+        raise CliError("--profile and --no-profile exclude each other")
+    from ..sim.arrivals import ArrivalsError, parse
+
+    try:
+        parse(args.arrivals)
+    except ArrivalsError as e:
+        raise CliError(str(e)) from None
+    if args.profile:
+        from ..sim.profile import ProfileError, load
+
+        try:
+            load(args.profile)
+        except ProfileError as e:
+            raise CliError(str(e)) from None
     try:
         grid = parse_sets(args.sets)
         require_vllm()
@@ -76,7 +102,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
                          trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,
-                         step_time_scale=args.step_time_scale)
+                         step_time_scale=args.step_time_scale,
+                         profile=False if args.no_profile else args.profile, force=args.force,
+                         arrivals=args.arrivals)
     except (SettingError, WorkloadError, TraceError) as e:
         raise CliError(str(e)) from None
     except WhatifError as e:
@@ -86,5 +114,5 @@ def main(args: argparse.Namespace) -> int:
     else:
         from ..tui.whatif_view import render
 
-        print_report(lambda _width: render(result))
+        print_report(lambda width: render(result, width))
     return 0

@@ -173,10 +173,14 @@ def kv_blocks_for_utilization(config: dict[str, Any], utilization: float) -> int
     ``Δutilization × device_memory_bytes / kv_block_bytes`` (rounded down).
 
     Raises:
-        SettingError: the run's KV cache was fixed (``num_gpu_blocks_override`` or
+        SettingError: ``utilization`` outside (0, 1] (vLLM's ``CacheConfig`` refuses it,
+            0.32), the run's KV cache was fixed (``num_gpu_blocks_override`` or
             ``kv_cache_memory_bytes``), or the engine_config lacks what the conversion
             needs (a run recorded by an older probe, or a device it cannot read).
     """
+    if not 0 < utilization <= 1:  # vLLM's CacheConfig: gt=0, le=1
+        raise SettingError(f"gpu_memory_utilization={utilization:g}: vLLM accepts a share of the device's memory "
+                           "above 0 and at most 1")
     if config.get("num_gpu_blocks_override") is not None:
         raise SettingError(
             f"the recorded run fixed its KV cache with num_gpu_blocks_override={config['num_gpu_blocks_override']}, "

@@ -233,6 +233,7 @@ def replay(
     flags: ProbeFlags | None = None,
     config_overlay: dict[str, Any] | None = None,
     max_steps: int | None = None,
+    closed: tuple[int, float] | None = None,
 ) -> ReplayStats:
     """Replay ``w`` on the scheduler ``spec`` describes, the probe writing to ``sink``.
 
@@ -247,6 +248,9 @@ def replay(
         flags: the probe's flags (default all on).
         config_overlay: ``engine_config`` fields to write instead of the harness's.
         max_steps: stop after this many steps (default: 100 × the workload's tokens).
+        closed: ``(N, think_s)``: a closed-loop client (:mod:`vllm_probe.sim.arrivals`):
+            the first ``N`` requests arrive as recorded, each later one ``think_s`` after
+            a request finishes in the replay (in recorded order; no request is anchored).
 
     Raises:
         ReplayError: the scheduler stopped making progress (a request that never fits).
@@ -274,7 +278,7 @@ def replay(
             raise ReplayError("vLLM's Scheduler is patched by another copy of vllm-probe in this process")
         sched = make_scheduler(spec, scheduler_cls)
         return _loop(w, sched, step_time, clock, mode, w.lag_s() if lag_s is None else lag_s,
-                     _request_factory(w, spec, prompts), depth, max_steps, RequestStatus)
+                     _request_factory(w, spec, prompts), depth, max_steps, RequestStatus, closed)
     finally:
         patches.uninstall(Scheduler)
         if previous is not None:
@@ -282,7 +286,8 @@ def replay(
 
 
 def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mode: str, lag_s: float,
-          make: Callable, depth: int, max_steps: int | None, status: Any) -> ReplayStats:
+          make: Callable, depth: int, max_steps: int | None, status: Any,
+          closed: tuple[int, float] | None = None) -> ReplayStats:
     t0 = w.t0
     reqs = w.requests
     if max_steps is None:
@@ -300,10 +305,17 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
     if mode == "steps":
         anchored = sorted(reqs, key=lambda r: (r.add_before_step, r.order))
         timed: list[WorkloadRequest] = []
+    elif closed is not None:
+        anchored = []
+        timed = sorted(reqs, key=lambda r: (r.stamp, r.order))
     else:
         anchored = sorted((r for r in reqs if r.anchored), key=lambda r: (r.add_before_step, r.order))
         timed = sorted((r for r in reqs if not r.anchored), key=lambda r: (avail(r), r.order))
     times = [avail(r) for r in timed]
+    if closed is not None:  # later requests wait for a finish (see the arrivals module)
+        times = times[:closed[0]] + [float("inf")] * max(0, len(times) - closed[0])
+    released = min(closed[0], len(times)) if closed is not None else 0
+    sent: dict[int, float] = {}  # closed loop: request (order) -> when the client sent it (s since t0)
     i = j = 0
     step = 0
     firsts = times[:1] + [(anchored[0].avail_hi if anchored[0].avail_hi is not None else anchored[0].stamp) - t0
@@ -324,7 +336,10 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
             i += 1
         clock.now = t0 + now
         for r in sorted(due, key=lambda r: r.order):
-            sched.add_request(make(r))
+            req = make(r)
+            if r.order in sent:  # stamped when the client sent it, as the front end would
+                req.arrival_time = t0 + sent[r.order]
+            sched.add_request(req)
         if sched.has_requests():
             out = sched.schedule()
             samplers = _samplers(sched, out)
@@ -353,14 +368,25 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
                     sched.add_request(make(anchored[j]))
                     j += 1
             else:
+                if times[i] == float("inf"):  # closed loop with nothing in flight: send the next now
+                    times[i] = now
+                    sent[timed[i].order] = now
+                    released = max(released, i + 1)
                 now = max(now, times[i])  # idle: jump to the next arrival
             continue
         out, samplers = queue.pop()
+        before = len(sched.requests)
         for rid in [rid for rid, r in aborts.items() if _abort_due(r, step - 1, now + t0, mode)]:
             del aborts[rid]
             if rid in sched.requests:
                 sched.finish_requests(rid, status.FINISHED_ABORTED)
         sched.update_from_output(out, _model_output(sched, out, samplers, stop_at))
+        if closed is not None:
+            for _ in range(before - len(sched.requests)):  # each finish releases the next request
+                if released < len(times):
+                    times[released] = max(now + closed[1] + lag_s, times[released - 1] if released else 0.0)
+                    sent[timed[released].order] = times[released] - lag_s
+                    released += 1
     stats.steps = step
     stats.virtual_s = now
     stats.wall_s = time.perf_counter() - wall0

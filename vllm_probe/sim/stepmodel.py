@@ -32,14 +32,20 @@ requests + decode context + new shape + first step, chosen by measurement on rea
 of this machine (docs/whatif.md, "The step-time model"). Without chunk events only
 ``tokens``, ``new_shape`` and ``first_step`` are known (:data:`COARSE_TERMS`).
 
-**Fit** (:func:`fit`): non-negative least squares with a free intercept (a step never
-gets faster with more work; with a collinear term, e.g. a run whose decode steps all
-hold 4 requests, ordinary least squares trades the slope against the intercept), then
+**Fit** (:func:`fit`, :func:`fit_rows`): non-negative least squares over the intercept
+and the terms (a step never gets faster with more work, and a step of no work never
+takes negative time: an earlier free intercept printed ``period = -5.37 ms + …``), then
 ``rounds`` times the ``trim`` share of rows with the largest residual is dropped and the
-fit redone (stalls from other processes, GC, IPC), then the intercept is moved so the
-residuals over *all* rows average zero: stalls are part of the wall time that TTFT and
-duration must reproduce. :attr:`Quality.drift` says how much the machine's speed moved
-during the run (the model assumes it did not).
+fit redone (stalls from other processes, GC, IPC), then a **level** (Σ measured / Σ
+predicted over *all* rows) multiplies every prediction: stalls are part of the wall time
+that TTFT and duration must reproduce. :attr:`Quality.drift` says how much the machine's
+speed moved during the run; :func:`drift_factors` and :class:`DriftModel` replay it.
+
+**Profiles** (:mod:`vllm_probe.sim.profile`, written by ``vllm-probe calibrate``): the
+shape (terms, hinges ``name>knot`` where the hardware changes regime, coefficients)
+measured over a designed space of steps; :func:`fit_level` fits only its level on a
+recording. :attr:`StepTimeModel.region` is the space fitted; every prediction counts the
+steps outside it (:attr:`StepTimeModel.outside_share`).
 """
 
 from __future__ import annotations
@@ -191,16 +197,53 @@ class Quality:
     drift: float = 0.0
 
 
+def parse_term(term: str) -> tuple[int, float | None]:
+    """``(feature index, knot)`` of a term: a feature name of :data:`FEATURES`, or a hinge
+    ``"name>knot"`` whose value is ``max(0, feature - knot)`` (a regime change at
+    ``knot``, e.g. ``prefill_tokens>512``: the cost per token changes above 512).
+
+    Raises:
+        KeyError: an unknown feature name.
+    """
+    name, sep, knot = term.partition(">")
+    return _INDEX[name], (float(knot) if sep else None)
+
+
+def term_columns(rows: np.ndarray, terms: Sequence[str]) -> np.ndarray:
+    """The design matrix of ``terms`` (one column per term, hinges applied) for
+    :data:`FEATURES` rows (shape ``(steps, len(FEATURES))``)."""
+    cols = []
+    for t in terms:
+        i, knot = parse_term(t)
+        col = rows[:, i]
+        cols.append(col if knot is None else np.maximum(col - knot, 0.0))
+    return np.stack(cols, axis=1) if cols else np.zeros((len(rows), 0))
+
+
+#: The quantities a model's fitted region is given in (:attr:`StepTimeModel.region`):
+#: prefill tokens of a step, decode requests of a step, and attention context (tokens
+#: read by the step's decodes, ``attn_decode``).
+REGION_FEATURES = ("prefill_tokens", "decode_reqs", "attn_decode")
+#: A predicted step is outside the fitted region when one of :data:`REGION_FEATURES`
+#: exceeds the largest fitted value by more than this share (5 %).
+REGION_SLACK = 0.05
+
+
 @dataclass
 class StepTimeModel:
-    """``period (s) = intercept + Σ coef[t] · feature[t]``, clamped at 0.
+    """``period (s) = (intercept + Σ coef[t] · term[t]) · level · scale``, clamped at 0.
 
     Attributes:
-        terms: feature names of :data:`FEATURES` (besides the intercept).
-        intercept: s per step.
-        coef: s per unit of each term.
+        terms: feature names of :data:`FEATURES`, or hinges ``name>knot``
+            (:func:`parse_term`), besides the intercept.
+        intercept: s per step, ≥ 0.
+        coef: s per unit of each term, ≥ 0.
         quality: the fit's quality on the recorded run.
-        scale: multiplies every prediction (1.0 as fitted).
+        scale: multiplies every prediction (1.0 as fitted; ``--step-time-scale``).
+        level: the recording's speed against the shape (1.0 for a recording-only fit; a
+            profile's model fitted to a recording: measured / predicted of its steps).
+        region: per :data:`REGION_FEATURES` the largest value fitted (``{}``: unknown).
+        profile: the profile's path when the shape came from one (else None).
     """
 
     terms: tuple[str, ...]
@@ -208,30 +251,61 @@ class StepTimeModel:
     coef: tuple[float, ...]
     quality: Quality | None = None
     scale: float = 1.0
-    _index: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    level: float = 1.0
+    region: dict[str, float] = field(default_factory=dict)
+    profile: str | None = None
+    _index: tuple[tuple[int, float | None], ...] = field(default=(), repr=False, compare=False)
+    _region: tuple[tuple[int, float], ...] = field(default=(), repr=False, compare=False)
+    predicted: int = field(default=0, repr=False, compare=False)
+    outside: int = field(default=0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self._index = tuple(_INDEX[t] for t in self.terms)
+        self._index = tuple(parse_term(t) for t in self.terms)
+        self._region = tuple((_INDEX[k], v * (1 + REGION_SLACK)) for k, v in self.region.items())
+
+    def raw(self, features: Sequence[float]) -> float:
+        """The shape's seconds for a :data:`FEATURES` row, before ``level`` and ``scale``."""
+        s = self.intercept
+        for c, (i, knot) in zip(self.coef, self._index):
+            x = features[i]
+            s += c * (x if knot is None else (x - knot if x > knot else 0.0))
+        return max(s, 0.0)
 
     def predict(self, features: Sequence[float]) -> float:
-        """Seconds from this step's start to the next's, for a :data:`FEATURES` row."""
-        s = self.intercept
-        for c, i in zip(self.coef, self._index):
-            s += c * features[i]
-        return max(s, 0.0) * self.scale
+        """Seconds from this step's start to the next's, for a :data:`FEATURES` row;
+        counts the steps predicted and those outside :attr:`region`."""
+        self.predicted += 1
+        for i, hi in self._region:
+            if features[i] > hi:
+                self.outside += 1
+                break
+        return self.raw(features) * self.level * self.scale
+
+    def reset_counts(self) -> None:
+        self.predicted = self.outside = 0
+
+    @property
+    def outside_share(self) -> float | None:
+        """Share of the steps predicted since :meth:`reset_counts` outside the fitted
+        region (None: no step predicted, or no region known)."""
+        if not self.predicted or not self.region:
+            return None
+        return self.outside / self.predicted
 
     def describe(self) -> list[tuple[str, float, str]]:
         """``(term, value, unit)`` per coefficient, intercept first, in readable units."""
         out = [("intercept", self.intercept * 1e3, "ms")]
         for t, c in zip(self.terms, self.coef):
-            scale, unit = _UNITS[t]
+            scale, unit = _UNITS[t.partition(">")[0]]
             out.append((t, c * scale, unit))
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: terms with their coefficients (s per unit) and the fit quality."""
+        """JSON-ready: terms with their coefficients (s per unit), the level, the region,
+        the profile used and the fit quality."""
         return {"terms": list(self.terms), "intercept_s": self.intercept,
-                "coef_s": dict(zip(self.terms, self.coef)), "scale": self.scale,
+                "coef_s": dict(zip(self.terms, self.coef)), "scale": self.scale, "level": self.level,
+                "region": dict(self.region), "profile": self.profile,
                 "quality": asdict(self.quality) if self.quality else None}
 
 
@@ -267,46 +341,181 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 500) -> np.ndarray:
     return x / scale
 
 
-def _solve(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """Least squares with a free intercept and non-negative slopes: on centred columns the
-    intercept drops out exactly (``b0 = ȳ - x̄·b``)."""
-    xm, ym = x.mean(axis=0), y.mean()
-    b = nnls(x - xm, y - ym)
-    return float(ym - xm @ b), b
+def _solve(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """Least squares with a non-negative intercept and non-negative slopes (the intercept
+    is one more column of :func:`nnls`: a step of no work never takes negative time);
+    ``w``: row weights (``1 / y``: relative error)."""
+    a = np.column_stack([np.ones(len(y)), x])
+    b = nnls(a, y) if w is None else nnls(a * w[:, None], y * w)
+    return float(b[0]), b[1:]
 
 
-def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rounds: int = 3) -> StepTimeModel:
-    """Fit the model on a recorded run (see the module docstring).
+def region_of(rows: np.ndarray) -> dict[str, float]:
+    """The largest value of each :data:`REGION_FEATURES` among ``rows``."""
+    return {k: float(rows[:, _INDEX[k]].max()) if len(rows) else 0.0 for k in REGION_FEATURES}
+
+
+def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: float = 0.05,
+             rounds: int = 3, source: str = "", relative: bool = False, windows: int = 0) -> StepTimeModel:
+    """Fit ``terms`` on :data:`FEATURES` ``rows`` and their measured ``periods`` (s; NaN
+    rows are left out); see :func:`fit`. ``relative``: minimise relative rather than
+    absolute error (calibration, whose steps span 1 ms to seconds). ``windows``: fit the
+    shape jointly with a speed factor per window of that many equal shares of the steps
+    (alternating :data:`DRIFT_ROUNDS` times: shape on the periods divided by the speed,
+    speed from the periods over the shape), so a machine that slowed down mid-run does
+    not bend the coefficients.
 
     Raises:
-        ValueError: fewer than ``len(terms) + 2`` steps with a measured period.
+        ValueError: fewer than ``len(terms) + 2`` measured rows.
     """
-    terms = tuple(terms or (DEFAULT_TERMS if w.chunk_events else COARSE_TERMS))
-    rows, periods = recorded_features(w)
+    terms = tuple(terms)
     ok = np.isfinite(periods)
     y = periods[ok]
-    x = rows[ok][:, [_INDEX[t] for t in terms]]
+    x = term_columns(rows[ok], terms)
     if len(y) < len(terms) + 2:
-        raise ValueError(f"{w.source}: only {len(y)} steps with a measured period; "
+        raise ValueError(f"{source}: only {len(y)} steps with a measured period; "
                          "too few to fit the step-time model")
     keep = np.ones(len(y), bool)
-    b0, b = _solve(x, y)
-    for _ in range(rounds):
-        res = np.abs(y - b0 - x @ b)
-        keep = res <= np.quantile(res, 1 - trim)
-        b0, b = _solve(x[keep], y[keep])
-    b0 += float(np.mean(y - b0 - x @ b))  # stalls are part of the wall time: spread them
-    pred = np.maximum(b0 + x @ b, 0.0)
+    wt = 1.0 / np.maximum(y, 1e-9) if relative else np.ones(len(y))
+    speed = np.ones(len(y))
+    parts = np.array_split(np.arange(len(y)), max(1, min(windows, len(y)))) if windows else []
+    for _ in range(DRIFT_ROUNDS if windows else 1):
+        yy = y / speed
+        b0, b = _solve(x, yy, wt if relative else None)
+        for _ in range(rounds):
+            res = np.abs(yy - b0 - x @ b) * wt
+            keep = res <= np.quantile(res, 1 - trim)
+            b0, b = _solve(x[keep], yy[keep], wt[keep] if relative else None)
+        raw = np.maximum(b0 + x @ b, 0.0)
+        total = y.sum() / raw.sum() if raw.sum() > 0 else 1.0
+        for idx in parts:
+            r = raw[idx].sum()
+            speed[idx] = (y[idx].sum() / r) / total if r > 0 else 1.0
+    raw = np.maximum(b0 + x @ b, 0.0)
+    # stalls are part of the wall time: the level spreads them over every step
+    level = float(y.sum() / raw.sum()) if raw.sum() > 0 else 1.0
+    pred = raw * level
     err = np.abs(y - pred)
 
     def r2(mask: np.ndarray) -> float | None:
         ss = float(np.sum((y[mask] - y[mask].mean()) ** 2))
         return 1.0 - float(np.sum((y[mask] - pred[mask]) ** 2)) / ss if ss > 0 else None
 
-    tenths = [float(a.sum() / b.sum()) - 1.0 for a, b in zip(np.array_split(y, 10), np.array_split(pred, 10))
-              if len(a) and b.sum() > 0]
     quality = Quality(r2=r2(np.ones(len(y), bool)), r2_trimmed=r2(keep),
                       median_abs_ms=float(np.median(err) * 1e3), p90_abs_ms=float(np.quantile(err, 0.9) * 1e3),
-                      steps=len(y), kept=int(keep.sum()), predicted_s=float(pred.sum()),
-                      measured_s=float(y.sum()), drift=max((abs(t) for t in tenths), default=0.0))
-    return StepTimeModel(terms, b0, tuple(float(c) for c in b), quality)
+                      steps=int(len(y)), kept=int(keep.sum()), predicted_s=float(pred.sum()),
+                      measured_s=float(y.sum()), drift=_drift(y, pred))
+    return StepTimeModel(terms, b0, tuple(float(c) for c in b), quality, level=level, region=region_of(rows[ok]))
+
+
+#: Alternations of shape and speed in :func:`fit_rows` with ``windows``.
+DRIFT_ROUNDS = 6
+
+
+def _drift(y: np.ndarray, pred: np.ndarray) -> float:
+    """The largest |measured / predicted − 1| of the summed periods of the run's tenths."""
+    tenths = [float(a.sum() / b.sum()) - 1.0 for a, b in zip(np.array_split(y, 10), np.array_split(pred, 10))
+              if len(a) and b.sum() > 0]
+    return max((abs(t) for t in tenths), default=0.0)
+
+
+#: Windows of the recording-only fit's speed over time (tenths of the measured steps).
+DRIFT_WINDOWS = 10
+
+
+def fit(w: Workload, terms: Iterable[str] | None = None, trim: float = 0.05, rounds: int = 3) -> StepTimeModel:
+    """Fit the model on a recorded run (see the module docstring): the recording-only
+    model, whose region is what the run holds.
+
+    Raises:
+        ValueError: fewer than ``len(terms) + 2`` steps with a measured period.
+    """
+    terms = tuple(terms or (DEFAULT_TERMS if w.chunk_events else COARSE_TERMS))
+    rows, periods = recorded_features(w)
+    model = fit_rows(rows, periods, terms, trim, rounds, w.source, windows=DRIFT_WINDOWS)
+    if not w.chunk_events:  # prefill and decode are not told apart in the recording: no region
+        model.region = {}
+        model.__post_init__()
+    return model
+
+
+def fit_level(model: StepTimeModel, w: Workload) -> StepTimeModel:
+    """A copy of ``model`` (a profile's shape) whose :attr:`~StepTimeModel.level` is the
+    recording's speed: Σ measured / Σ predicted periods of ``w``'s measured steps (a ratio
+    of sums, so the run's busy time is reproduced), with the fit quality on ``w``.
+
+    Raises:
+        ValueError: no step of ``w`` has a measured period.
+    """
+    rows, periods = recorded_features(w)
+    ok = np.isfinite(periods)
+    if not ok.any():
+        raise ValueError(f"{w.source}: no step with a measured period; the profile's level cannot be fitted")
+    y = periods[ok]
+    raw = np.array([model.raw(r) for r in rows[ok]])
+    level = float(y.sum() / raw.sum()) if raw.sum() > 0 else 1.0
+    pred = raw * level
+    err = np.abs(y - pred)
+    ss = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss if ss > 0 else None
+    quality = Quality(r2=r2, r2_trimmed=r2, median_abs_ms=float(np.median(err) * 1e3),
+                      p90_abs_ms=float(np.quantile(err, 0.9) * 1e3), steps=int(len(y)), kept=int(len(y)),
+                      predicted_s=float(pred.sum()), measured_s=float(y.sum()), drift=_drift(y, pred))
+    return StepTimeModel(model.terms, model.intercept, model.coef, quality, level=level,
+                         region=dict(model.region), profile=model.profile)
+
+
+def drift_factors(model: StepTimeModel, w: Workload, windows: int = 10) -> list[tuple[int, float]]:
+    """The recording's speed over time: ``[(first step, factor), ...]`` per window of
+    ``windows`` equal shares of the measured steps (in step order), ``factor`` = Σ
+    measured / Σ predicted there (1.0: the model's level; 1.3: that stretch ran 30 %
+    slower). The windows' factors weighted by their predicted time average 1."""
+    rows, periods = recorded_features(w)
+    ok = np.isfinite(periods)
+    steps = np.array([s.step for s in w.steps])[ok]
+    y = periods[ok]
+    pred = np.array([model.raw(r) for r in rows[ok]]) * model.level
+    out = []
+    for idx in np.array_split(np.arange(len(y)), max(1, min(windows, len(y)))):
+        if not len(idx):
+            continue
+        p = float(pred[idx].sum())
+        out.append((int(steps[idx[0]]) if out else 0, float(y[idx].sum()) / p if p > 0 else 1.0))
+    return out
+
+
+class DriftModel:
+    """A model whose speed follows the recording's over step index
+    (:func:`drift_factors`): step ``k`` of the replay is priced by ``base`` times the
+    factor of the window holding recorded step ``k`` (the baseline replays the recorded
+    schedule within 0.3 % of its steps, so step indexes line up)."""
+
+    def __init__(self, base: StepTimeModel, factors: list[tuple[int, float]]) -> None:
+        self.base = base
+        self.starts = [s for s, _ in factors]
+        self.factors = [f for _, f in factors]
+        self.step = 0
+
+    def predict(self, features: Sequence[float]) -> float:
+        import bisect
+
+        k = bisect.bisect_right(self.starts, self.step) - 1
+        self.step += 1
+        return self.base.predict(features) * (self.factors[k] if k >= 0 else 1.0)
+
+    def reset_counts(self) -> None:
+        self.step = 0
+        self.base.reset_counts()
+
+    @property
+    def outside_share(self) -> float | None:
+        return self.base.outside_share
+
+    @property
+    def quality(self) -> Quality | None:
+        return self.base.quality
+
+    def to_dict(self) -> dict[str, Any]:
+        """The base model's :meth:`StepTimeModel.to_dict` with ``drift``: ``[[first step,
+        factor], ...]``."""
+        return {**self.base.to_dict(), "drift": [[s, f] for s, f in zip(self.starts, self.factors)]}

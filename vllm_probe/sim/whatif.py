@@ -52,7 +52,11 @@ from ..engine.sink import EventSink
 from ..runs.rundir import read_meta, write_meta
 from . import engine_args
 from .engine_args import SettingError
-from .stepmodel import StepTimeModel, fit
+from . import arrivals as arrival_models
+from . import profile as profiles
+from .arrivals import Arrivals, ArrivalsError
+from .profile import Profile, ProfileError
+from .stepmodel import DriftModel, StepTimeModel, drift_factors, fit, fit_level
 
 #: The baseline replay's largest accepted relative error per figure (labels of
 #: :data:`vllm_probe.analysis.compare.FIGURES`): the issue's targets, 2 % for
@@ -68,6 +72,10 @@ BASELINE_TOLERANCES = {
 #: Above this drift of the recorded run's speed (:attr:`~vllm_probe.sim.stepmodel.Quality.drift`)
 #: a note says the model cannot follow it (±25 %: runs on the quiet machine drift 10-20 %).
 DRIFT_NOTE = 0.25
+#: Above this drift of the recorded run's speed the baseline replays it
+#: (:class:`~vllm_probe.sim.stepmodel.DriftModel`, speed per tenth of the run) and a
+#: second, constant-speed baseline says how much of its error is drift (±10 %).
+DRIFT_REPLAY = 0.10
 #: Events the replay's sink may hold before its writer drains them (the writer runs
 #: every 0.1 s; a replay emits a few thousand events in that time).
 SINK_CAPACITY = 1 << 20
@@ -132,6 +140,10 @@ class WhatifResult:
     configs: list[ConfigResult]
     notes: list[str] = field(default_factory=list)
     like: str | None = None
+    arrivals: Arrivals | None = None
+    profile: str | None = None
+    forced: str | None = None
+    drift: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``whatif --json`` object: ``source``, ``model``, ``baseline`` (``summary``,
@@ -145,6 +157,10 @@ class WhatifResult:
             "baseline": {**base, "error": self.error},
             "configs": [c.to_dict() for c in self.configs],
             "notes": self.notes,
+            "arrivals": self.arrivals.to_dict() if self.arrivals else None,
+            "profile": self.profile,
+            "forced": self.forced,
+            "drift": self.drift,
         }
 
 
@@ -168,7 +184,9 @@ def require_vllm() -> None:
 
 def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | None = None, jobs: int = 1,
             *, trace: str | Path | None = None, trace_hash_size: int = 16,
-            trace_sec_multiplier: float = 1.0, mode: str = "timed", step_time_scale: float = 1.0) -> WhatifResult:
+            trace_sec_multiplier: float = 1.0, mode: str = "timed", step_time_scale: float = 1.0,
+            profile: str | Path | Profile | bool | None = None, force: bool = False,
+            arrivals: str | Arrivals | None = None, drift: bool = True) -> WhatifResult:
     """Replay the run in ``run_dir`` at its own settings and at each point of ``grid``.
 
     Args:
@@ -188,6 +206,15 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
             recorded schedule exactly, whatever the model).
         step_time_scale: multiplies every predicted step time, the baseline's too
             (1.25: an engine 25 % slower than during the recording).
+        profile: a step-time profile (``vllm-probe calibrate``; a path or a
+            :class:`~vllm_probe.sim.profile.Profile`) whose shape is used, its level
+            fitted on the recording; None: a matching profile from the cache when there
+            is one (a note says so), else the recording-only fit; False: never a profile.
+        force: use a profile measured on another engine (the report marks it).
+        arrivals: ``auto``/None (detected), ``open``, ``closed:N[:THINK_MS]`` or an
+            :class:`~vllm_probe.sim.arrivals.Arrivals`.
+        drift: replay the recording's speed changes in the baseline (above
+            :data:`DRIFT_REPLAY`).
 
     Raises:
         WhatifError, SettingError, WorkloadError: see the module docstring.
@@ -195,16 +222,24 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     require_vllm()
     run_dir = Path(run_dir)
     recorded_w = load_workload(run_dir)
-    notes = _notes(recorded_w)
     try:
-        model = fit(recorded_w)
-    except ValueError as e:
+        arrival = arrival_models.resolve(recorded_w, arrival_models.parse(arrivals) if isinstance(arrivals, str)
+                                         or arrivals is None else arrivals)
+    except ArrivalsError as e:
         raise WhatifError(str(e)) from None
-    drift = model.quality.drift if model.quality else 0.0
-    if drift > DRIFT_NOTE:
-        notes.append(f"the recorded run's step times drifted by up to ±{drift * 100:.0f} % between tenths of the "
-                     "run (the machine's speed changed while it ran); the model assumes one speed, so queues that "
-                     "built up in slow stretches are not replayed (docs/whatif.md)")
+    if arrival.kind == "closed":  # a closed-loop client is no offline burst
+        recorded_w = _unanchored(recorded_w)
+    notes = _notes(recorded_w)
+    model, prof_path, forced, prof_notes = _model(run_dir, recorded_w, profile, force)
+    notes += prof_notes
+    notes.append(arrival.describe())
+    speed_drift = model.quality.drift if model.quality else 0.0
+    factors = drift_factors(model, recorded_w) if drift and speed_drift and trace is None else []
+    drift_on = bool(factors) and max(abs(f - 1) for _, f in factors) > DRIFT_REPLAY and mode == "timed"
+    if speed_drift > DRIFT_NOTE and not drift_on:
+        notes.append(f"the recorded run's step times drifted by up to ±{speed_drift * 100:.0f} % between tenths of "
+                     "the run (the machine's speed changed while it ran); the model assumes one speed, so queues "
+                     "that built up in slow stretches are not replayed (docs/whatif.md)")
     if step_time_scale <= 0:
         raise WhatifError(f"the step-time scale must be positive, not {step_time_scale}")
     model.scale = step_time_scale
@@ -216,7 +251,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
 
         w = trace_workload(Path(trace), recorded_w, trace_hash_size, trace_sec_multiplier)
         mode = "timed"
-        notes = _notes(w)
+        notes = _notes(w) + prof_notes
     grid = [dict(point) for point in grid if point] or []
     planned = [_plan(w, {})] + [_plan(w, point) for point in grid]  # checks every point first
     out = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}-whatif"
@@ -224,21 +259,107 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     command = ["vllm-probe", "whatif", str(run_dir)]
     if trace is not None:
         command = ["vllm-probe", "whatif", "--trace", str(trace), "--like", str(run_dir)]
+    closed = arrival.closed if trace is None else None
     tasks = [_Task(w, model, overrides, settings, spec, out / name, mode, str(trace or run_dir),
-                   command + [a for k, v in overrides.items() for a in ("--set", f"{k}={_text(v)}")])
+                   command + [a for k, v in overrides.items() for a in ("--set", f"{k}={_text(v)}")], closed)
              for name, (overrides, settings, spec) in zip(names, planned)]
+    if drift_on:  # the baseline follows the recording's speed; a constant-speed one measures the drift's share
+        base = tasks[0]
+        tasks[0] = _Task(base.workload, DriftModel(model, factors), base.overrides, base.settings, base.spec,
+                         base.run_dir, base.mode, base.source, base.command, closed)
+        tasks.append(_Task(base.workload, model, {}, base.settings, base.spec, out / "baseline-constant-speed",
+                           base.mode, base.source, base.command, closed))
     if trace is not None:  # the model's credibility: the like run against its own replay
         settings, spec = planned[0][1], planned[0][2]
         tasks.insert(0, _Task(recorded_w, model, {}, settings, spec, out / "baseline", "timed",
                               str(run_dir), ["vllm-probe", "whatif", str(run_dir)]))
     results = _run_all(tasks, jobs)
     recorded = _summary(run_dir)
+    drift_info = None
+    if drift_on:
+        constant = results.pop()
+        without = relative_errors(recorded, constant.summary, BASELINE_TOLERANCES)
+        drift_info = {"factors": [[s, f] for s, f in factors], "range": [min(f for _, f in factors),
+                                                                         max(f for _, f in factors)],
+                      "constant_speed_error": without, "constant_speed_run_dir": str(constant.run_dir)}
     self_replay = results[0]
     error = relative_errors(recorded, self_replay.summary, BASELINE_TOLERANCES)
+    if drift_info is not None:
+        notes.append(_drift_note(speed_drift, error, drift_info["constant_speed_error"]))
     if trace is not None:
         results = results[1:]
     return WhatifResult(str(trace or run_dir), model, recorded, results[0], error, results[1:], notes,
-                        like=str(run_dir) if trace is not None else None)
+                        like=str(run_dir) if trace is not None else None, arrivals=arrival, profile=prof_path,
+                        forced=forced, drift=drift_info)
+
+
+def _drift_note(drift: float, error: dict[str, Any], without: dict[str, Any]) -> str:
+    """How much of the baseline's error is drift: the TTFT errors with and without the
+    recording's speed over time."""
+    parts = []
+    for label in ("TTFT median", "TTFT p90", "output tokens/s"):
+        a, b = error["figures"][label]["error"], without["figures"][label]["error"]
+        if a is not None and b is not None:
+            parts.append(f"{label} {b * 100:+.1f} % at one speed, {a * 100:+.1f} % with the drift")
+    return (f"drift: the recording's speed moved by up to ±{drift * 100:.0f} % over the run; the baseline replays "
+            "its speed per tenth of the run (the predictions use its average): " + "; ".join(parts)
+            + " — the difference is the drift's share of the baseline error")
+
+
+def _unanchored(w: Workload) -> Workload:
+    """``w`` with no request anchored to a step index (a closed-loop client's first
+    requests are not an offline burst)."""
+    import copy
+
+    w = copy.copy(w)
+    w.requests = [copy.copy(r) for r in w.requests]
+    for r in w.requests:
+        r.anchored = False
+    return w
+
+
+def _model(run_dir: Path, w: Workload, profile: Any, force: bool) -> tuple[Any, str | None, str | None, list[str]]:
+    """The step-time model: a profile's shape at the recording's level, or the
+    recording-only fit; with its path, the forced-mismatch note, and notes."""
+    notes: list[str] = []
+    prof: Profile | None = None
+    path: str | None = None
+    if profile is not False:
+        ident, _, _ = profiles.identity_of_run(w.config, read_meta(run_dir))
+        try:
+            if isinstance(profile, Profile):
+                prof, path = profile, "(given)"
+            elif profile is not None:
+                path = str(profile)
+                prof = profiles.load(path)
+            else:
+                found = profiles.find_cached(ident)
+                if found is not None:
+                    path, prof = str(found[0]), found[1]
+                    notes.append(f"profile: using {path} from the profile cache (measured on {ident.model}, "
+                                 f"{ident.hardware}, vLLM {ident.vllm}); --profile FILE picks another")
+            forced = profiles.check(prof, ident, path or "", force) if prof is not None else None
+        except ProfileError as e:
+            raise WhatifError(str(e)) from None
+        if prof is not None:
+            try:
+                model = fit_level(prof.model(path), w)
+            except ValueError as e:
+                raise WhatifError(str(e)) from None
+            if forced:
+                notes.append(forced)
+            notes.append(f"step-time shape from the profile ({prof.steps} calibration steps, region up to "
+                         f"{prof.region.get('prefill_tokens', 0):,.0f} prefill tokens, "
+                         f"{prof.region.get('decode_reqs', 0):,.0f} decodes); level ×{model.level:.3g} fitted on "
+                         "this recording")
+            return model, path, forced, notes
+    try:
+        model = fit(w)
+    except ValueError as e:
+        raise WhatifError(str(e)) from None
+    notes.append("step-time model fitted on this recording only (no profile: vllm-probe calibrate --like RUN_DIR "
+                 "measures one); predictions outside the recorded region extrapolate")
+    return model, None, None, notes
 
 
 def _summary(run_dir: Path) -> Summary:
@@ -308,6 +429,7 @@ class _Task:
     mode: str
     source: str
     command: list[str]
+    closed: tuple[int, float] | None = None
 
 
 def _run_all(tasks: list[_Task], jobs: int) -> list[ConfigResult]:
@@ -335,14 +457,17 @@ def _run(task: _Task) -> ConfigResult:
     overlay = {k: cfg.get(k) for k in _RECORDED_FIELDS}
     if "gpu_memory_utilization" in task.overrides:
         overlay["gpu_memory_utilization"] = task.overrides["gpu_memory_utilization"]
+    task.model.reset_counts()
     try:
-        stats = replay(task.workload, task.spec, task.model.predict, sink, mode=task.mode, config_overlay=overlay)
+        stats = replay(task.workload, task.spec, task.model.predict, sink, mode=task.mode, config_overlay=overlay,
+                       closed=task.closed)
     finally:
         sink.close()
     if sink.dropped:
         raise WhatifError(f"the replay into {run_dir} dropped {sink.dropped} events (disk too slow or full)")
     replay_info = {"steps": stats.steps, "wall_s": stats.wall_s, "cpu_s": stats.cpu_s,
-                   "virtual_s": stats.virtual_s, "steps_per_cpu_s": stats.steps_per_cpu_s}
+                   "virtual_s": stats.virtual_s, "steps_per_cpu_s": stats.steps_per_cpu_s,
+                   "outside_region": task.model.outside_share}
     write_meta(run_dir, {
         "probe_version": __version__,
         "simulated": True,

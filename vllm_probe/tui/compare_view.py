@@ -114,6 +114,18 @@ def render(summaries: list[Summary]) -> RichGroup:
         "how much CPU each run got; inter-token spread within each run (p90/median − 1): "
         + ", ".join(f"[{i + 1}] {pct(x)}" for i, x in enumerate(spreads))
         + "; a wall-clock delta no larger than the larger of the two is marked ≈ (within noise).", style="dim"))
+    for i, ok in enumerate(data.get("steps_comparable", [])):
+        if not ok:
+            b0, b1 = (summaries[0].config.get("max_num_batched_tokens"), summaries[i + 1].config.get(
+                "max_num_batched_tokens"))
+            parts.append(Text(f"[{i + 2}]: token budgets differ ({figure(b0)} vs {figure(b1)}): a step holds different "
+                              "work, so figures in steps (TTFT in steps) do not compare with [1]'s; judge by seconds",
+                              style="yellow"))
+    preds = data.get("predictions", [])
+    for i in range(1, len(preds)):
+        if preds[i] != preds[0]:
+            parts.append(Text(f"[{i + 1}] against [1]: a prediction against a real run — their gap in seconds is the "
+                              "model's error, not noise (no ≈ marks)", style="yellow"))
     same = [f"[{i + 2}]" for i, x in enumerate(data["noise"]["same_decisions"]) if x]
     if same:
         parts.append(Text(f"{', '.join(same)}: every step figure equals [1]'s — the scheduler made the same decisions, "

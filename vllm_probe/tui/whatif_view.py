@@ -23,7 +23,13 @@ from .format import figure
 
 #: The rows of the side-by-side table, by compare's figure labels.
 ROWS = ("steps", "duration", "output tokens/s", "preemptions", "discarded tokens", "chunks/prompt mean",
-        "queue time median", "queue time p90", "TTFT median", "TTFT p90", "inter-token median", "bound by")
+        "queue time median", "queue time p90", "TTFT median", "TTFT p90", "TTFT median (steps)", "TTFT p90 (steps)",
+        "inter-token median", "bound by")
+#: Columns a setting takes in the table (its value and its delta), and the first three
+#: (labels, recorded, baseline): settings beyond the width go to further tables (pages)
+#: rather than cutting cells.
+SETTING_COLUMNS = 34
+FIXED_COLUMNS = 54
 
 
 def _model_line(model: Any) -> Text:
@@ -31,6 +37,9 @@ def _model_line(model: Any) -> Text:
              for term, v, unit in model.describe() if v or term == "intercept"]
     q = model.quality
     line = Text.assemble(("step-time model ", "bold"), "period = " + " + ".join(parts))
+    level = getattr(model, "level", 1.0)
+    if level != 1.0 or getattr(model, "profile", None):
+        line.append(f", × level {level:.3g}" + (f" (shape: profile {model.profile})" if model.profile else ""))
     if q is not None:
         r2 = "-" if q.r2 is None else f"{q.r2:.2f}"
         r2t = "-" if q.r2_trimmed is None else f"{q.r2_trimmed:.2f}"
@@ -66,16 +75,35 @@ def _baseline(error: dict[str, Any], trace: bool) -> list[Any]:
     return out
 
 
-def render(result: Any) -> Group:
-    """The report of a :class:`~vllm_probe.sim.whatif.WhatifResult`."""
+def _outside(result: Any) -> Text | None:
+    """The share of each replay's steps outside the region the model was fitted on."""
+    runs = [("baseline", result.baseline)] + [(f"[{i + 1}]", c) for i, c in enumerate(result.configs)]
+    shares = [(name, c.replay.get("outside_region")) for name, c in runs]
+    if all(v is None for _, v in shares):
+        return None
+    text = ", ".join(f"{name} {v * 100:.0f} %" for name, v in shares if v is not None)
+    worst = max(v for _, v in shares if v is not None)
+    return Text("steps outside the model's fitted region: " + text
+                + ("; those steps extrapolate (vllm-probe calibrate measures the whole space)" if worst > 0.05 else ""),
+                style="yellow" if worst > 0.05 else "dim")
+
+
+def render(result: Any, width: int | None = None) -> Group:
+    """The report of a :class:`~vllm_probe.sim.whatif.WhatifResult` (``width``: columns
+    of the console; settings beyond it go to further tables)."""
     trace = result.like is not None
     head = Text.assemble(("vllm-probe whatif ", "bold"), (result.source, "cyan"))
     if trace:
         head.append(f"  with the settings of {result.like}", style="dim")
+    if getattr(result, "forced", None):
+        head.append("  FORCED PROFILE (another engine's)", style="bold red")
     parts: list[Any] = [head, _model_line(result.model)]
     parts += _baseline(result.error, trace)
     for note in result.notes:
-        parts.append(Text("note: " + note, style="dim"))
+        parts.append(Text("note: " + note, style="yellow" if note.startswith("FORCED") else "dim"))
+    outside = _outside(result)
+    if outside is not None:
+        parts.append(outside)
 
     runs = [("recorded" if not trace else "like run", result.recorded), ("baseline", result.baseline.summary)]
     runs += [(f"[{i + 1}]", c.summary) for i, c in enumerate(result.configs)]
@@ -84,12 +112,23 @@ def render(result: Any) -> Group:
         parts.append(Text(f"  [{i + 1}] {changes}: {c.run_dir}", style="dim"))
     parts.append(Text(f"  baseline: {result.baseline.run_dir}", style="dim"))
 
-    t = Table(title="Predicted", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
+    per_page = max(1, ((width or 10_000) - FIXED_COLUMNS) // SETTING_COLUMNS)
+    n = len(result.configs)
+    for first in range(0, max(n, 1), per_page):
+        title = "Predicted" if n <= per_page else f"Predicted ([{first + 1}]–[{min(first + per_page, n)}] of {n})"
+        parts.append(_table(result, runs, list(range(first, min(first + per_page, n))), title, trace))
+    return Group(*parts)
+
+
+def _table(result: Any, runs: list[tuple[str, Any]], page: list[int], title: str, trace: bool) -> Table:
+    """The side-by-side table of the settings ``page`` (indexes into ``result.configs``)."""
+    t = Table(title=title, title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
               pad_edge=False)
     t.add_column("", style="dim", no_wrap=True)
     t.add_column(runs[0][0], justify="right", no_wrap=True)
     t.add_column("baseline", justify="right", no_wrap=True)
-    for name, _ in runs[2:]:
+    for k in page:
+        name = runs[2 + k][0]
         t.add_column(name, justify="right", no_wrap=True)
         t.add_column(f"Δ {name}−base", justify="right", no_wrap=True)
     from_memory = any("gpu_memory_utilization" in c.overrides for c in result.configs)
@@ -97,10 +136,9 @@ def render(result: Any) -> Group:
                or (k == "num_kv_blocks" and from_memory)]
     for key in changed:
         derived = key == "num_kv_blocks" and from_memory
-        cells: list[Any] = [figure(result.baseline.settings.get(key)) if not trace
-                            else figure(result.recorded.config.get(key)),
-                            figure(result.baseline.settings.get(key))]
-        for c in result.configs:
+        cells = [figure(result.baseline.settings.get(key)) if not trace else figure(result.recorded.config.get(key)),
+                 figure(result.baseline.settings.get(key))]
+        for c in (result.configs[k] for k in page):
             cells += [Text(figure(c.settings.get(key)), style="bold" if key in c.overrides else ""), Text("")]
         t.add_row(key + (" (from memory)" if derived else ""), *cells)
     if changed:
@@ -108,10 +146,9 @@ def render(result: Any) -> Group:
     for label in ROWS:
         f = FIGURE[label]
         base = f.get(result.baseline.summary)
-        cells = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
-        for _, s in runs[2:]:
-            v = f.get(s)
+        cells: list[Any] = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
+        for k in page:
+            v = f.get(runs[2 + k][1])
             cells += [figure(v, f.unit), fmt_delta(f, base, v)]
         t.add_row(label, *cells)
-    parts.append(t)
-    return Group(*parts)
+    return t

@@ -1,0 +1,103 @@
+"""Closed-loop arrivals (detected on hand-made runs, replayed per finish) and drift (a
+recording whose machine slowed down while it ran)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import requires_vllm
+from tests.sim._hand import nonlinear_cost, poisson, record, workload
+
+
+def closed_run(tmp_path, n_flight=4, think=0.005, n=40):
+    """A run recorded from a closed-loop client: ``n_flight`` requests in flight, each
+    next one sent ``think`` s after a finish (the replay's own closed loop writes it)."""
+    return record(tmp_path / "closed", workload(poisson(n=n, rate=1000.0, seed=3)), nonlinear_cost,
+                  replay_kw={"closed": (n_flight, think)})
+
+
+@requires_vllm
+def test_closed_loop_is_detected_with_its_concurrency_and_think_time(tmp_path):
+    from vllm_probe.analysis.workload import load_workload
+    from vllm_probe.sim.arrivals import detect
+
+    w = load_workload(closed_run(tmp_path))
+    running = max(s.scheduled_tokens for s in w.steps)
+    assert running > 0
+    a = detect(w)
+    assert (a.kind, a.concurrency, a.how) == ("closed", 4, "detected"), a
+    assert a.think_s == pytest.approx(0.005, abs=0.0015)
+    assert "closed loop, 4 in flight, think time 5" in a.describe()
+
+
+@requires_vllm
+def test_open_loop_stays_open(tmp_path):
+    from vllm_probe.analysis.workload import load_workload
+    from vllm_probe.sim.arrivals import detect
+
+    for rate, seed in ((40.0, 5), (400.0, 7)):  # light, and saturated
+        w = load_workload(record(tmp_path / f"open{seed}", workload(poisson(n=40, rate=rate, seed=seed)),
+                                 nonlinear_cost))
+        a = detect(w)  # open (its first requests may form a burst anchored to steps 0-1)
+        assert a.kind in ("open", "burst") and a.closed is None, (rate, a.evidence)
+
+
+def test_arrivals_parse():
+    from vllm_probe.sim.arrivals import ArrivalsError, parse
+
+    assert parse("auto") is None and parse("open").kind == "open"
+    c = parse("closed:12")
+    assert (c.kind, c.concurrency, c.think_s, c.how) == ("closed", 12, None, "declared")
+    assert parse("closed:3:250").think_s == 0.25
+    for bad in ("closed", "closed:0", "closed:x", "poisson"):
+        with pytest.raises(ArrivalsError, match="use auto, open, closed:N"):
+            parse(bad)
+
+
+@requires_vllm
+def test_closed_loop_replay_keeps_n_in_flight_when_the_engine_is_slower(tmp_path):
+    """At 1.5× slower steps, the closed-loop client still has 4 requests in flight (no
+    queue builds); fixed arrival times queue up behind the slower engine."""
+    from vllm_probe.sim.whatif import predict
+
+    run = closed_run(tmp_path)
+    closed = predict(run, [], out=tmp_path / "c", step_time_scale=1.5)
+    assert closed.arrivals.kind == "closed" and not any(n.startswith("offline burst") for n in closed.notes)
+    assert any(n.startswith("arrivals: closed loop, 4 in flight") for n in closed.notes)
+    assert closed.baseline.summary.queues.running.max == 4
+    opened = predict(run, [], out=tmp_path / "o", step_time_scale=1.5, arrivals="open")
+    assert opened.arrivals.kind == "open" and any(n.startswith("arrivals: open loop") for n in opened.notes)
+    assert opened.baseline.summary.queues.running.max > 4
+    same = predict(run, [], out=tmp_path / "s")  # at the recorded speed the closed loop is exact
+    assert same.error["within"], same.error
+    assert same.baseline.summary.steps == same.recorded.steps
+
+
+@requires_vllm
+def test_drift_factor_is_recovered_and_replayed(tmp_path):
+    """The machine runs 1.6× slower from step 150 on: the drift factors recover the
+    ratio, the baseline replays it and is closer than the constant-speed one."""
+    from vllm_probe.analysis.workload import load_workload
+    from vllm_probe.sim.stepmodel import drift_factors, fit
+    from vllm_probe.sim.whatif import predict
+
+    calls = []
+
+    def drifting(f):
+        calls.append(1)
+        return nonlinear_cost(f) * (1.6 if len(calls) > 150 else 1.0)
+
+    run = record(tmp_path / "run", workload(poisson(n=60, rate=30.0, seed=11, outputs=(5, 20))), drifting)
+    w = load_workload(run)
+    assert len(w.steps) > 250
+    m = fit(w)
+    factors = drift_factors(m, w)
+    first, last = factors[0][1], factors[-1][1]
+    assert last / first == pytest.approx(1.6, rel=0.08), factors
+    r = predict(run, [], out=tmp_path / "out")
+    assert r.drift is not None and r.drift["range"][1] / r.drift["range"][0] == pytest.approx(1.6, rel=0.1)
+    note = next(n for n in r.notes if n.startswith("drift: "))
+    assert "at one speed" in note and "with the drift" in note
+    with_drift = abs(r.error["figures"]["TTFT p90"]["error"])
+    constant = abs(r.drift["constant_speed_error"]["figures"]["TTFT p90"]["error"])
+    assert with_drift < constant, (with_drift, constant)
