@@ -227,7 +227,6 @@ def test_retention_bounds_the_disk_while_the_sink_writes(tmp_path):
         if i % 10 == 0:
             sink.flush()
     sink.flush()
-    closed = sink.segment - 1
     sink.close()
     assert sink.keeper.wait_idle(30)
     kept = sum(k[1] for k in sink.keeper.kept)

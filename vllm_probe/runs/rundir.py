@@ -4,7 +4,10 @@ Layout::
 
     vllm-probe-runs/20261129-221500-long_prompts/
         meta.json            command line, settings, start/end time, exit code, engine_started
-        events-<pid>.jsonl   one per engine-core process (schema: docs/events.md)
+        events-<pid>.jsonl   one per engine-core process (schema: docs/events.md): its
+                             first segment; later ones events-<pid>.<n>.jsonl, closed
+                             ones possibly gzipped (.jsonl.gz), the oldest possibly
+                             removed (scheduler_probe.max_segment_mb, keep_mb)
         command.log          the command's output (``run --live`` only)
 
 Directories and files are created readable by the owner only (0700 / 0600): event
@@ -18,6 +21,7 @@ import math
 import os
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,9 +101,88 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
+#: An event file's name: its stream (``events-<pid>``), segment number (absent: 1) and
+#: whether it is gzipped. ``.gz.tmp`` files (a compression in progress) do not match.
+SEGMENT_NAME = re.compile(r"^(?P<stream>events-.+?)(?:\.(?P<n>[0-9]+))?\.jsonl(?P<gz>\.gz)?$")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One file of an engine core's events: segment ``n`` (1-based) at ``path``."""
+
+    n: int
+    path: Path
+
+    @property
+    def gz(self) -> bool:
+        """Whether the file is gzipped (a closed segment the probe compressed)."""
+        return self.path.name.endswith(".gz")
+
+
+@dataclass(frozen=True)
+class EventStream:
+    """One engine core's events: its segments present on disk, in order.
+
+    ``name`` is the first segment's name without ``.jsonl`` (``events-<pid>``). When
+    retention removed the oldest segments, ``segments[0].n`` > 1 and :attr:`removed`
+    says how many went (segments 1 to ``removed``).
+    """
+
+    name: str
+    segments: tuple[Segment, ...]
+
+    @property
+    def removed(self) -> int:
+        """Segments removed from the start of the stream (0: it starts at segment 1)."""
+        return self.segments[0].n - 1 if self.segments else 0
+
+    @property
+    def paths(self) -> list[Path]:
+        return [seg.path for seg in self.segments]
+
+
+def segment_of(path: Path) -> int | None:
+    """The segment number of an event file's name (1 for ``events-<pid>.jsonl``); None for
+    a name that is not an event file's."""
+    m = SEGMENT_NAME.match(Path(path).name)
+    if m is None:
+        return None
+    return int(m["n"]) if m["n"] else 1
+
+
+def event_streams(run_dir: Path) -> list[EventStream]:
+    """The run's event streams (one per engine core), sorted by name, each with its
+    segments in order.
+
+    A segment present both as ``.jsonl`` and ``.jsonl.gz`` (the probe was stopped between
+    compressing it and removing the original; both are whole) is read once, from the
+    ``.jsonl``; a ``.gz.tmp`` is ignored. Never raises (an unreadable directory: []).
+    """
+    found: dict[str, dict[int, Path]] = {}
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    for name in names:
+        m = SEGMENT_NAME.match(name)
+        if m is None:
+            continue
+        n = int(m["n"]) if m["n"] else 1
+        if n < 1:
+            continue
+        segs = found.setdefault(m["stream"], {})
+        if n in segs and not m["gz"]:
+            segs[n] = Path(run_dir) / name  # the plain file wins over its .gz twin
+        else:
+            segs.setdefault(n, Path(run_dir) / name)
+    return [EventStream(stream, tuple(Segment(n, segs[n]) for n in sorted(segs)))
+            for stream, segs in sorted(found.items())]
+
+
 def event_files(run_dir: Path) -> list[Path]:
-    """The run's event files, sorted by name."""
-    return sorted(Path(run_dir).glob(EVENT_GLOB))
+    """The run's event files: each engine core's segments in order, engine cores sorted by
+    name (:func:`event_streams`)."""
+    return [seg.path for stream in event_streams(run_dir) for seg in stream.segments]
 
 
 def engine_started(run_dir: Path) -> bool:
