@@ -189,6 +189,16 @@ class EngineState:
     #: the latest ``probe_stats`` record of each file, by pid (counts are cumulative per
     #: file, and a stopping engine core writes one with every flush: the last one is final)
     probe_stats: dict[Any, Any] = field(default_factory=dict)
+    #: the segment this engine core's events start at when retention removed the ones
+    #: before it (the first ``engine_config`` read is a segment's copy, ``segment: n``);
+    #: None: read from the start (:mod:`vllm_probe.analysis.window`)
+    window_segment: int | None = None
+    #: ``ts`` of the engine core's ``engine_config`` (its scheduler was built; epoch s)
+    started_ts: float | None = None
+    #: requests whose ``request_added`` was not read (added before the window, with
+    #: request events on): figures from arrival are unknown for them (requests)
+    requests_before_window: int = 0
+    _requests_logged: bool = True  # engine_config.flags.log_request_events
     window: deque = field(init=False)
     #: every step of the run, in bounded spans (the finished run's overview, evidence ranges)
     timeline: Timeline = field(init=False)
@@ -216,8 +226,11 @@ class EngineState:
 
     def request(self, req_id: str) -> RequestState:
         req = self.requests.get(req_id)
-        if req is None:  # events of a request added before the probe started
+        if req is None:  # events of a request added before the window (or the probe) started
             req = self.requests[req_id] = RequestState(req_id, self.engine, arrival_step=self.last_step + 1)
+            if self._requests_logged:
+                req.before_window = True
+                self.requests_before_window += 1
         return req
 
     def window_stats(self, last_n: int | None = None) -> WindowStats:
