@@ -21,9 +21,10 @@ import math
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 #: Default parent of run directories, relative to the current directory.
 DEFAULT_ROOT = Path("vllm-probe-runs")
@@ -283,3 +284,135 @@ def resolve_run_dir(arg: str | None, note: Callable[[str], None] | None = None) 
     if not path.is_dir():
         raise RunDirError(f"run directory not found: {path}")
     return path
+
+
+# -- outputs written whole ------------------------------------------------------------------
+# Every command that writes a directory or a file (whatif, tune, calibrate, export) writes
+# it under a temporary name beside its final one and renames it when complete, so an
+# interrupted command (Ctrl-C, a kill, a full disk) never leaves something that looks
+# whole: either the previous output, or nothing, plus at most a temporary that the next
+# run of the command recognises by its name and removes.
+
+#: Marks a temporary output: ``.<name>.partial-<pid>`` beside ``<name>``.
+PARTIAL_MARK = ".partial-"
+
+
+def partial_name(path: Path, pid: int | None = None) -> Path:
+    """The temporary sibling an output ``path`` is written under: ``.<name>.partial-<pid>``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}{PARTIAL_MARK}{os.getpid() if pid is None else pid}")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, someone else's
+        return True
+    return True
+
+
+def remove_partials(path: Path) -> list[Path]:
+    """Remove the temporaries interrupted writes of ``path`` left (``.<name>.partial-<pid>``
+    whose process is gone); returns what was removed. Never raises."""
+    import shutil
+
+    path = Path(path)
+    removed = []
+    try:
+        siblings = list(path.parent.glob(f".{glob_escape(path.name)}{PARTIAL_MARK}*"))
+    except OSError:
+        return removed
+    for p in siblings:
+        tail = p.name.rsplit(PARTIAL_MARK, 1)[-1]
+        if not tail.isdigit() or _pid_alive(int(tail)):
+            continue
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+        except OSError:
+            continue
+    return removed
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob's special characters escaped."""
+    import glob
+
+    return glob.escape(name)
+
+
+@contextmanager
+def atomic_dir(path: Path, mode: int = 0o700) -> Iterator[Path]:
+    """Write the directory ``path`` whole: yields a new, empty temporary directory
+    (``.<name>.partial-<pid>``, created ``mode``) to fill; when the block ends normally
+    it is renamed to ``path``, replacing what was there (a previous output is moved aside
+    and removed after the rename). When the block raises (``KeyboardInterrupt``
+    included), the temporary is removed and ``path`` is left as it was. Temporaries of
+    earlier interrupted writes of ``path`` are removed first (:func:`remove_partials`).
+    The parent is created (0700) if missing.
+
+    Raises:
+        OSError: the temporary cannot be created or renamed (it is removed).
+    """
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    remove_partials(path)
+    tmp = partial_name(path)
+    if tmp.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=mode)
+    try:
+        yield tmp
+        old = None
+        if path.exists() or path.is_symlink():
+            old = partial_name(path.with_name(path.name + ".old"))
+            os.rename(path, old)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if old is not None:
+                os.rename(old, path)  # put the previous output back
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def atomic_file(path: Path, mode: int = 0o600, binary: bool = True) -> Iterator[Any]:
+    """Write the file ``path`` whole: yields a file object (binary unless ``binary`` is
+    False) on a temporary sibling (``.<name>.partial-<pid>``, created ``mode``); when the
+    block ends normally it is flushed, fsynced and renamed over ``path``. When the block
+    raises, the temporary is removed and ``path`` is left as it was. Temporaries of
+    earlier interrupted writes are removed first.
+
+    Raises:
+        OSError: the temporary cannot be created, written or renamed (it is removed).
+    """
+    path = Path(path)
+    remove_partials(path)
+    tmp = partial_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
