@@ -111,6 +111,7 @@ FIGURES: tuple[Figure, ...] = (
     _F("preemptions", "steps with >1", "preemptions.steps_with_several", "steps", "lower"),
     _F("preemptions", "discarded tokens", "preemptions.discarded_tokens", "tokens", "lower"),
     _F("preemptions", "recomputed tokens", "preemptions.recomputed_tokens", "tokens", "lower"),
+    _F("preemptions", "recompute tax", "preemptions.recompute_tax", "%", "lower"),
     _F("chunking", "prompts chunked", "chunking.chunked_prompts", "prompts"),
     _F("chunking", "chunks/prompt mean", "chunking.chunks_per_prompt.mean", "chunks", "lower"),
     _F("chunking", "chunks/prompt max", "chunking.chunks_per_prompt.max", "chunks", "lower"),

@@ -285,6 +285,7 @@ class RunState:
         if ev.resumed:
             req.recomputed_tokens += end - start
             eng.recomputed_tokens += end - start
+            eng.recent_recomputed.append((ev.step, end - start))
         else:
             req.first_pass_chunks += 1
         req.chunk_index = index

@@ -137,6 +137,9 @@ class Preemptions:
     requests: int = 0  # distinct requests preempted at least once
     discarded_tokens: int = 0  # computed tokens thrown away
     recomputed_tokens: int = 0  # tokens of prefill chunks in resumed passes
+    #: recompute tax (vLLM RFC #54644): recomputed_tokens / every token computed (the
+    #: steps' scheduled tokens), 0..1; None without step events
+    recompute_tax: float | None = None
     worst_request: str | None = None
     worst_preemptions: int = 0
     worst_recomputed_tokens: int = 0
@@ -477,6 +480,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     p.requests = int(state.total("requests_preempted"))
     p.discarded_tokens = int(state.total("discarded_tokens"))
     p.recomputed_tokens = int(state.total("recomputed_tokens"))
+    p.recompute_tax = share(p.recomputed_tokens, s.scheduled_tokens) if s.steps else None
     for eng in engines.values():  # requests still in flight when the log ends
         for req in eng.requests.values():
             fin.consider_worst(req)

@@ -104,12 +104,14 @@ def preemption_storm(ctx: Context) -> list[Finding]:
                    "of the prompt tokens it prefilled (decode tokens are not known with step events off)")
         msg = (f"{fmt_count(n)} preemptions {rate}"
                + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
-                  if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+                  if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else "")
+               + (f"; recompute tax {fmt_pct(eng.recompute_tax)}" if eng.recompute_tax else ""))
         out.append(Finding(
             "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
             {**engine_evidence(ctx, eng), "preemptions": n, "requests": eng.requests_preempted,
              "per_100_steps": round(per_100, 2) if per_100 is not None else None, "discarded_tokens": eng.discarded_tokens, "computed_tokens": work,
              "discarded_share": round(share, 4), "first_step": first, "busiest_steps": busiest,
+             "recompute_tax": round(eng.recompute_tax, 4) if eng.recompute_tax is not None else None,
              "peak_kv_demand_blocks": ep.peak_demand_blocks or None, "peak_running": ep.peak_running or None,
              "usable_kv_blocks": (eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None},
             kv_remedy(eng, ep)))
