@@ -262,3 +262,44 @@ def test_a_follower_started_late_begins_at_the_oldest_segment_kept(tmp_path):
     steps = [r.step for r in got if type(r).__name__ == "StepEvent"]
     assert steps == list(range(steps[0], 600)) and stats.segments_missed == 0
     assert _same(got) == _same(iter_run(run, ReadStats()))
+
+
+def test_retention_while_tail_and_metrics_follow(tmp_path):
+    """``tail``'s Watcher and the metrics server follow a run whose segments are rotated,
+    gzipped and removed under them: each reads every step it can in order, never twice,
+    counts the segments it missed, and the metrics count what the state read."""
+    import io
+
+    from tests.test_metrics import Series, scrape_text
+    from vllm_probe.exporters.prometheus import MetricsServer, RunStateCollector
+    from vllm_probe.tui.watch import Watcher
+
+    run = tmp_path / "run"
+    run.mkdir()
+    done = threading.Event()
+    sink, t = _write_live(run, 3000, 1500, done)
+    watcher = Watcher(run, plain_out=io.StringIO())
+    server = MetricsServer("127.0.0.1", 0, diagnose=False)
+    try:
+        server.follow(run, background=False)
+        while True:
+            finished = done.is_set()
+            watcher.pump()
+            server.pump()
+            if finished:
+                while watcher.pump() or server.pump():
+                    pass
+                break
+            time.sleep(0.003)
+        t.join()
+        assert sink.keeper.removed > 0
+        for state, stats in ((watcher.state, watcher.stats), (server.state, server.stats)):
+            eng = state.engines[0]
+            assert eng.last_step == 2999 and stats.skipped == 0
+            # whole segments of ~8 steps were removed unread, each counted; the rest was read once
+            assert eng.steps <= 3000 and (eng.steps == 3000) == (stats.segments_missed == 0)
+            assert 3000 - eng.steps <= 20 * stats.segments_missed
+        m = Series(scrape_text(RunStateCollector(server.state)))
+        assert m("vllm_probe_steps_total", engine="0") == server.state.engines[0].steps
+    finally:
+        server.close()
