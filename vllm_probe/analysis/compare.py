@@ -116,6 +116,7 @@ FIGURES: tuple[Figure, ...] = (
     _F("preemptions", "steps with >1", S.preemptions.steps_with_several, "steps", "lower"),
     _F("preemptions", "discarded tokens", S.preemptions.discarded_tokens, "tokens", "lower"),
     _F("preemptions", "recomputed tokens", S.preemptions.recomputed_tokens, "tokens", "lower"),
+    _F("preemptions", "recompute tax", S.preemptions.recompute_tax, "%", "lower"),
     _F("chunking", "prompts chunked", S.chunking.chunked_prompts, "prompts"),
     _F("chunking", "chunks/prompt mean", S.chunking.chunks_per_prompt.mean, "chunks", "lower"),
     _F("chunking", "chunks/prompt max", S.chunking.chunks_per_prompt.max, "chunks", "lower"),

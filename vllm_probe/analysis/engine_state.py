@@ -28,6 +28,9 @@ STEP_WINDOW = 600
 FINISHED_KEEP = 200
 #: Default number of recent preemptions kept per engine.
 PREEMPT_KEEP = 50
+#: Recompute chunks kept for the rolling window's recompute tax (a chunk per resumed pass
+#: per step: more than a default window of steps holds in practice)
+RECENT_RECOMPUTES_KEEP = 4096
 #: ``request_added`` fields counted per value (:attr:`EngineState.sampling_seen`).
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p")
 #: Distinct values counted per field in :attr:`EngineState.priorities` and
@@ -276,6 +279,19 @@ class EngineState:
     busy_since: float | None = None
     busy_total_s: float = 0.0
     probe_stats: dict[Any, Any] = field(default_factory=dict)
+    #: the segment this engine core's events start at when retention removed the ones
+    #: before it (the first ``engine_config`` read is a segment's copy, ``segment: n``);
+    #: None: read from the start (:mod:`vllm_probe.analysis.window`)
+    window_segment: int | None = None
+    #: ``ts`` of the engine core's ``engine_config`` (its scheduler was built; epoch s)
+    started_ts: float | None = None
+    #: requests whose ``request_added`` was not read (added before the window, with
+    #: request events on): figures from arrival are unknown for them (requests)
+    requests_before_window: int = 0
+    _requests_logged: bool = True  # engine_config.flags.log_request_events
+    #: ``(step, tokens)`` of the latest recompute chunks (resumed passes), for the recompute
+    #: tax over the rolling window (:meth:`recent_recompute_tax`); bounded
+    recent_recomputed: deque = field(default_factory=lambda: deque(maxlen=RECENT_RECOMPUTES_KEEP))
     window: deque[StepRecord] = field(init=False)
     #: every step of the run, in bounded spans (the finished run's overview, evidence ranges)
     timeline: Timeline = field(init=False)
@@ -324,8 +340,11 @@ class EngineState:
 
     def request(self, req_id: str) -> RequestState:
         req = self.requests.get(req_id)
-        if req is None:  # events of a request added before the probe started
+        if req is None:  # events of a request added before the window (or the probe) started
             req = self.requests[req_id] = RequestState(req_id, self.engine, arrival_step=self.last_step + 1)
+            if self._requests_logged:
+                req.before_window = True
+                self.requests_before_window += 1
         return req
 
     def window_stats(self, last_n: int | None = None) -> WindowStats:
@@ -361,6 +380,23 @@ class EngineState:
         reqs = [r for r in self.requests.values() if r.phase == PREFILL]
         reqs.sort(key=lambda r: (r.first_scheduled_step if r.first_scheduled_step is not None else 1 << 62, r.req_id))
         return reqs
+
+    @property
+    def recompute_tax(self) -> float | None:
+        """The recompute tax (vLLM RFC #54644): tokens recomputed after preemptions (chunks
+        of resumed passes, prompt and output so far) over every token the engine computed
+        (the steps' ``scheduled_tokens``), 0..1; None without step events."""
+        return share(self.recomputed_tokens, self.scheduled_tokens) if self.steps else None
+
+    def recent_recompute_tax(self, ws: WindowStats | None = None) -> float | None:
+        """:attr:`recompute_tax` over the steps of the rolling window (``ws``, or
+        :meth:`window_stats`), 0..1; None with no token scheduled there."""
+        ws = ws or self.window_stats()
+        if not ws.steps or not ws.scheduled_tokens or ws.first_step is None:
+            return None
+        first = ws.first_step
+        recomputed = sum(n for step, n in self.recent_recomputed if step is not None and step >= first)
+        return min(recomputed / ws.scheduled_tokens, 1.0)
 
     @property
     def events_written(self) -> int:

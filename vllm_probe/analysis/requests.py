@@ -59,6 +59,10 @@ class RequestState:
     pass_end_step: int | None = None  # step of the last chunk of the latest finished prefill pass
     last_preempt_ts: float | None = None  # ts of the latest preemption (epoch s)
     last_preempt_step: int | None = None  # step of the latest preemption
+    #: its ``request_added`` is not in the events read (retention removed the segment
+    #: holding it, or the request came before the probe): arrival unknown, so every
+    #: figure from arrival (queue time, TTFT in s and steps, end-to-end) is None
+    before_window: bool = False
 
     @property
     def queue_time_s(self) -> float | None:
@@ -74,7 +78,7 @@ class RequestState:
 
     @property
     def ttft_steps(self) -> int | None:
-        if self.first_token_step is None:
+        if self.first_token_step is None or self.before_window:
             return None
         return self.first_token_step - self.arrival_step + 1
 

@@ -223,6 +223,13 @@ class RunState:
     # -- handlers -----------------------------------------------------------------------
 
     def _engine_config(self, eng: EngineState, ev: Any) -> None:
+        if eng.config is None:
+            eng.started_ts = ev.ts
+            if ev.segment is not None:  # a segment's copy first: retention removed the start
+                eng.window_segment = ev.segment
+        flags = ev.flags
+        if type(flags) is dict:
+            eng._requests_logged = flags.get("log_request_events", True) is not False
         eng.config = ev
         eng.max_num_seqs = ev.max_num_seqs
 
@@ -377,6 +384,7 @@ class RunState:
         if ev.resumed:
             req.recomputed_tokens += end - start
             eng.preempt.recomputed_tokens += end - start
+            eng.recent_recomputed.append((ev.step, end - start))
         else:
             req.first_pass_chunks += 1
         req.chunk_index = index
@@ -451,7 +459,12 @@ class RunState:
 
     def _finish(self, eng: EngineState, req_id: str, ts: float, reason: str | None, output_tokens: int | None,
                 num_preemptions: int | None) -> None:
-        req = eng.requests.pop(req_id, None) or RequestState(req_id, eng.engine)
+        req = eng.requests.pop(req_id, None)
+        if req is None:  # nothing of it read before its end: added before the window
+            req = RequestState(req_id, eng.engine)
+            if eng._requests_logged:
+                req.before_window = True
+                eng.requests_before_window += 1
         eng.requests_finished += 1
         if eng.busy_since is not None and not eng.requests:
             eng.busy_total_s += max(ts - eng.busy_since, 0.0)  # the last request left: idle from here

@@ -99,6 +99,7 @@ from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
 from .requests import RequestState
 from .state import RunState, StateListener
+from .window import retention_note
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -141,6 +142,9 @@ class Preemptions:
     requests: int = 0  # distinct requests preempted at least once
     discarded_tokens: int = 0  # computed tokens thrown away
     recomputed_tokens: int = 0  # tokens of prefill chunks in resumed passes
+    #: recompute tax (vLLM RFC #54644): recomputed_tokens / every token computed (the
+    #: steps' scheduled tokens), 0..1; None without step events
+    recompute_tax: float | None = None
     worst_request: str | None = None
     worst_preemptions: int = 0
     worst_recomputed_tokens: int = 0
@@ -235,6 +239,9 @@ class Summary:
 
     run_dir: str = ""
     command: list[str] | None = None  # from meta.json
+    #: the command's exit status from meta.json (128+N when killed by signal N: 130 for
+    #: Ctrl-C); None: still running, or not recorded
+    exit_code: int | None = None
     read: dict[str, Any] = field(default_factory=dict)  # ReadStats counts
     engines: int = 0
     config: dict[str, Any] = field(default_factory=dict)  # effective, engine 0 (or first)
@@ -274,6 +281,12 @@ class Summary:
     #: a finished run's notable moments (:func:`vllm_probe.analysis.episodes.notable_moments`,
     #: as dicts): filled by :func:`analyze_story`, empty otherwise
     moments: list[dict[str, Any]] = field(default_factory=list)
+    #: when retention removed the start of the run: the one line saying so
+    #: (:func:`vllm_probe.analysis.window.retention_note`); None: the events start at the start
+    retention: str | None = None
+    #: requests whose ``request_added`` retention removed (requests): left out of the
+    #: request counts, token totals, throughput and latencies, which need their start
+    requests_before_window: int = 0
     probe_dropped_events: int = 0  # events the probe lost (state.EngineState.events_dropped)
     probe_hook_errors: int = 0  # exceptions caught in the probe's hooks (last probe_stats per file)
     probe_hooks_disabled: list[str] = field(default_factory=list)
@@ -303,8 +316,13 @@ class _Finished:
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.worst: tuple[int, int, int, str] | None = None  # (preemptions, recomputed, discarded, req_id)
+        self.before_window = 0  # finished requests added before the retention window
 
     def __call__(self, req: RequestState) -> None:
+        if req.before_window:  # its start is not in the events read: counted apart
+            self.before_window += 1
+            self.consider_worst(req)
+            return
         self.count += 1
         self.prompt_tokens += req.prompt_len or 0
         self.output_tokens += req.output_tokens or 0
@@ -429,7 +447,7 @@ def _config_of(rec: Any) -> dict[str, Any]:
 
 def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict[str, Any],
            boundaries: list[int] | None) -> Summary:
-    s = Summary(run_dir=run_dir, command=meta.get("command"))
+    s = Summary(run_dir=run_dir, command=meta.get("command"), exit_code=meta.get("exit_code"))
     s.read = {"events": stats.events, "malformed": stats.malformed, "partial": stats.partial,
               "unknown_kind": stats.unknown_kind, "newer_schema": stats.newer_schema,
               "files": len(stats.files), "text": stats.describe()}
@@ -446,7 +464,9 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     s.duration_s = state.stepping_s()
     s.requests_added = int(state.total("requests_added"))
     s.requests_finished = fin.count
-    s.requests_unfinished = sum(len(e.requests) for e in engines.values())
+    s.requests_unfinished = sum(1 for e in engines.values() for r in e.requests.values() if not r.before_window)
+    s.requests_before_window = int(state.total("requests_before_window"))
+    s.retention = retention_note(state)
     s.prompt_tokens = fin.prompt_tokens
     s.output_tokens = fin.output_tokens
     if s.duration_s:
@@ -479,6 +499,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     p.requests = int(state.total("requests_preempted"))
     p.discarded_tokens = int(state.total("discarded_tokens"))
     p.recomputed_tokens = int(state.total("recomputed_tokens"))
+    p.recompute_tax = share(p.recomputed_tokens, s.scheduled_tokens) if s.steps else None
     for eng in engines.values():  # requests still in flight when the log ends
         for req in eng.requests.values():
             fin.consider_worst(req)

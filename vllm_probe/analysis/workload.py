@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from collections.abc import Iterable
 
-from ..runs.reader import ReadStats, iter_file
-from ..runs.rundir import event_files
+from ..runs.reader import ReadStats, iter_stream
+from ..runs.rundir import event_streams
 from ..schema.events import ENGINE_CONFIG
 from .state import RunState
 
@@ -175,13 +175,13 @@ def load_workload(run_dir: str | Path, stats: ReadStats | None = None) -> Worklo
     Raises:
         WorkloadError: no event file, several engine cores, or what :func:`workload_of` raises.
     """
-    files = event_files(Path(run_dir))
-    if not files:
+    streams = event_streams(Path(run_dir))
+    if not streams:
         raise WorkloadError(f"no event files (events-*.jsonl) in {run_dir}")
-    if len(files) > 1:
-        raise WorkloadError(f"{run_dir} has {len(files)} engine-core files; whatif replays one engine "
+    if len(streams) > 1:
+        raise WorkloadError(f"{run_dir} has {len(streams)} engine-core files; whatif replays one engine "
                             "core (data parallelism and restarted engine cores are not supported yet)")
-    return workload_of(iter_file(files[0], stats or ReadStats()), str(run_dir))
+    return workload_of(iter_stream(streams[0], stats or ReadStats()), str(run_dir))
 
 
 def workload_of(records: Iterable[Any], source: str = "") -> Workload:

@@ -97,4 +97,9 @@ def main(args: argparse.Namespace) -> int:
         print_report(lambda width: render_report(report, width))
     if report.stats.malformed or report.stats.partial or report.stats.unknown_kind:
         print(f"vllm-probe: note: {report.stats.describe()}", file=sys.stderr)
+    from ..analysis.window import retention_note
+
+    retention = retention_note(report.state) if getattr(report, "state", None) is not None else None
+    if retention:
+        print(f"vllm-probe: note: {retention}", file=sys.stderr)
     return EXIT_CRITICAL if report.critical else 0

@@ -70,6 +70,11 @@ def main(args: argparse.Namespace) -> int:
           f"{result.written} {result.unit} written to {where}", file=sys.stderr)
     if result.note:
         print(f"vllm-probe: {result.note}", file=sys.stderr)
+    from ..analysis.window import retention_note_of
+
+    retention = retention_note_of(run_dir)
+    if retention:
+        print(f"vllm-probe: note: {retention}", file=sys.stderr)
     if stats.events == 0:
         print(f"vllm-probe: error: no readable events in {run_dir}", file=sys.stderr)
         return EXIT_NO_EVENTS

@@ -99,6 +99,11 @@ def main(args: argparse.Namespace) -> int:
     quiet_vllm()
     print(f"vllm-probe: replaying {run_dir}" + (f" with the requests of {args.trace}" if args.trace else "")
           + f": baseline and {len([g for g in grid if g])} setting(s), {args.jobs} at a time", file=sys.stderr)
+    from ..analysis.window import retention_note_of
+
+    retention = retention_note_of(run_dir)
+    if retention:
+        print(f"vllm-probe: note: {retention} (the replay starts there)", file=sys.stderr)
     try:
         result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
                          trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,

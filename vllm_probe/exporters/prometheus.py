@@ -217,6 +217,11 @@ class _Families:
                         "recomputed (preempt.discarded_tokens).", "reason", lambda e: e.discarded_by_reason)
         self.counter("vllm_probe_recomputed_tokens_total", "Tokens of prefill chunks that re-prefill a preempted "
                      "request (chunk, resumed: end - start).", lambda e: e.recomputed_tokens)
+        self.gauge("vllm_probe_recompute_tax", "Recompute tax (vLLM RFC #54644): tokens recomputed after "
+                   "preemptions over every token computed, 0..1, since the start of the events read "
+                   "(recomputed_tokens_total / step.scheduled_tokens).", lambda e: e.recompute_tax)
+        self.gauge("vllm_probe_recompute_tax_recent", "Recompute tax over the rolling window of recent steps, "
+                   "0..1.", lambda e: e.recent_recompute_tax())
         self.counter("vllm_probe_requests_preempted_total", "Distinct requests preempted at least once "
                      "(preempt events).", lambda e: e.requests_preempted)
         # -- chunking

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from pathlib import Path
 
+from .reader import open_segment
 from .rundir import event_files
 
 #: A ``req_id`` field in an event line: the JSON string after it, escapes included.
@@ -30,7 +32,7 @@ def request_ids(run_dir: Path) -> set[str]:
     ids: set[str] = set()
     for path in event_files(run_dir):
         try:
-            with open(path, "rb") as f:
+            with open_segment(path) as f:  # .gz segments included
                 for line in f:  # line by line: memory stays flat on a large run
                     match = _REQ_ID.search(line)
                     if match is None:
@@ -40,7 +42,7 @@ def request_ids(run_dir: Path) -> set[str]:
                         ids.add(json.loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode("utf-8"))
                     except ValueError:
                         continue
-        except OSError:
+        except (OSError, EOFError, zlib.error):  # a damaged .gz: the ids read so far stand
             continue
     return ids
 

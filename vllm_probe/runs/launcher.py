@@ -28,10 +28,10 @@ import msgspec
 
 from .. import __version__, envvars
 from .hints import spawn_hint
-from .reader import ReadStats, iter_file
+from .reader import ReadStats, iter_stream
 from ..settings import Settings
 from .rundir import (
-    COMMAND_LOG, META_FILE, RunDirError, create_run_dir, engine_started, event_files, read_meta, write_meta,
+    COMMAND_LOG, META_FILE, RunDirError, create_run_dir, engine_started, event_streams, read_meta, write_meta,
 )
 
 #: Seconds between SIGINT and SIGTERM (and between SIGTERM and SIGKILL) when a
@@ -140,10 +140,10 @@ class RunCounts:
 def count_events(run_dir: Path) -> RunCounts:
     """Count event kinds in a run directory (streaming)."""
     counts = RunCounts()
-    for path in event_files(run_dir):
+    for stream in event_streams(run_dir):  # one per engine core, its segments as one
         counts.files += 1
         dropped = 0
-        for ev in iter_file(path, counts.stats):
+        for ev in iter_stream(stream, counts.stats):
             counts.kinds[ev.kind] += 1
             if ev.kind == "probe_stats":  # cumulative: the file's last one counts
                 dropped = ev.events_dropped or 0

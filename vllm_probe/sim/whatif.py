@@ -38,7 +38,6 @@ import importlib.util
 import multiprocessing
 import os
 import re
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,7 +48,7 @@ from ..analysis.compare import relative_errors
 from ..analysis.summary import Summary, analyze_story
 from ..analysis.workload import Workload, WorkloadError, load_workload
 from ..engine.sink import EventSink
-from ..runs.rundir import read_meta, write_meta
+from ..runs.rundir import META_FILE, atomic_dir, read_meta, write_meta
 from . import engine_args
 from .engine_args import SettingError
 from . import arrivals as arrival_models
@@ -442,15 +441,32 @@ def _run_all(tasks: list[_Task], jobs: int) -> list[ConfigResult]:
 
 
 def _run(task: _Task) -> ConfigResult:
-    """Replay one task into its run directory and summarize it."""
-    from .replay import replay
-
+    """Replay one task into its run directory (written whole, :func:`atomic_dir`) and
+    summarize it."""
     run_dir = task.run_dir
     if run_dir.exists():
-        if not read_meta(run_dir).get("simulated") and any(run_dir.iterdir()):
+        if not read_meta(run_dir).get("simulated") and any(run_dir.iterdir()) and not _interrupted(run_dir):
             raise WhatifError(f"{run_dir} exists and is not a simulated run; choose another --out")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, mode=0o700)
+    with atomic_dir(run_dir) as tmp:  # written whole: an interrupted replay leaves no half folder
+        _replay_into(task, tmp)
+    return ConfigResult(task.settings, task.overrides, run_dir, _summary(run_dir), read_meta(run_dir)["whatif"]["replay"])
+
+
+def _interrupted(run_dir: Path) -> bool:
+    """A folder an interrupted ``whatif`` of an earlier release left (before outputs were
+    written whole): no ``meta.json``, nothing but event files. Replaced like a
+    simulated run."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return False
+    return META_FILE not in names and all(n.startswith("events-") for n in names)
+
+
+def _replay_into(task: _Task, run_dir: Path) -> None:
+    """Replay one task into the (temporary) directory ``run_dir``: events and meta.json."""
+    from .replay import replay
+
     start = time.time()
     sink = EventSink(run_dir / f"events-{os.getpid()}.jsonl", capacity=SINK_CAPACITY)
     cfg = task.workload.config
@@ -481,7 +497,6 @@ def _run(task: _Task) -> ConfigResult:
         "whatif": {"mode": task.mode, "lag_s": task.workload.lag_s(), "model": task.model.to_dict(),
                    "replay": replay_info, "spec": asdict(task.spec) | {"model_dir": None}},
     })
-    return ConfigResult(task.settings, task.overrides, run_dir, _summary(run_dir), replay_info)
 
 
 __all__ = ["BASELINE_TOLERANCES", "ConfigResult", "SettingError", "WhatifError", "WhatifResult",

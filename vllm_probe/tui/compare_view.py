@@ -83,6 +83,8 @@ def render(summaries: list[Summary]) -> RichGroup:
     parts: list[Any] = [Text("vllm-probe compare", style="bold")]
     for i, (label, s) in enumerate(zip(labels, summaries)):
         parts.append(Text(f"  [{i + 1}] {label}: {s.run_dir}" + ("  (baseline)" if i == 0 else ""), style="dim"))
+        if s.retention:
+            parts.append(Text(f"      {s.retention}", style="yellow"))
 
     cfg = Table(title="Differences", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
                 pad_edge=False)

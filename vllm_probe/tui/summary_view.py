@@ -114,11 +114,17 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     sub = [s.read.get("text", ""), f"{s.engines} engine core{'s' if s.engines != 1 else ''}"]
     if c.get("vllm_version"):
         sub.append(f"vLLM {c['vllm_version']}")
+    if s.exit_code is not None:  # as tail says it (130: stopped with Ctrl-C)
+        sub.append(f"exit {s.exit_code}" + (" (stopped with Ctrl-C)" if s.exit_code == 130 else ""))
     lines = [head, Text(" · ".join(x for x in sub if x), style="dim")]
     if s.command:
         lines.append(Text("command: " + " ".join(s.command), style="dim"))
     if s.config_differs_across_engines:
         lines.append(Text("engine cores run with different settings (config shows the first)", style="yellow"))
+    if s.retention:
+        before = (f"; {count(s.requests_before_window)} requests added before it are left out of the request "
+                  "figures" if s.requests_before_window else "")
+        lines.append(Text(s.retention + before, style="yellow"))
 
     run = _kv("Run", [
         ("steps", figure(s.steps)),
@@ -153,6 +159,8 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         ("preemptions (requests)", f"{count(p.count)} ({count(p.requests)})"),
         # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
         ("discarded (wasted) · recomputed tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
+        # recomputed / all computed tokens (vLLM RFC #54644)
+        ("recompute tax", figure(p.recompute_tax, "%") + " of computed tokens" if p.recompute_tax is not None else UNKNOWN),
         ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else UNKNOWN),
         ("per step max · steps with >1", f"{count(p.max_per_step)} · {count(p.steps_with_several)}"
          + (f" of {count(p.steps_with_preemptions)}" if p.steps_with_preemptions else "")),

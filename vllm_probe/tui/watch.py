@@ -34,6 +34,7 @@ from ..runs.rundir import read_meta
 from ..settings import Settings
 from ..analysis.episodes import notable_moments
 from ..analysis.follow import LiveRun
+from ..analysis.window import retention_note
 from .dashboard import View
 from .format import duration
 from .layout import render_dashboard
@@ -215,8 +216,11 @@ def follow(run_dir: Path, *, plain: bool = False, refresh_hz: float = REFRESH_HZ
         screen.final(make)
     if plain and watcher.truncated:
         print(f"vllm-probe: {watcher.truncated} truncated line(s) at the end of the files", file=sys.stderr)
-    if plain and (watcher.stats.skipped or watcher.stats.newer_schema):
+    if plain and (watcher.stats.skipped or watcher.stats.newer_schema or watcher.stats.segments_missed):
         print(f"vllm-probe: {watcher.stats.describe()}", file=sys.stderr)
+    retention = retention_note(watcher.state)
+    if plain and retention:
+        print(f"vllm-probe: note: {retention}", file=sys.stderr)
     if not watcher.state.events and _is_finished(meta) and not interrupted:
         print(f"vllm-probe: no events in {run_dir}", file=sys.stderr)
         return 1

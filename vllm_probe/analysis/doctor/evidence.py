@@ -60,6 +60,7 @@ class StormEvidence(Evidence, kw_only=True):
         recomputed_tokens: tokens of readmitted requests' re-prefills that were computed again; null when chunk events are off.
         victim_priorities: under the priority policy, preemptions per victim priority value (vLLM preempts the running request with the largest (priority, arrival)); left out otherwise.
         judged_on_count: true when only preempt events were recorded (step and chunk events off): the storm is judged on its count alone; left out otherwise.
+        recompute_tax: recomputed prompt tokens ÷ all computed tokens (vLLM RFC #54644; 0..1); null without chunk events.
     """
 
     preemptions: int
@@ -77,6 +78,7 @@ class StormEvidence(Evidence, kw_only=True):
     recomputed_tokens: int | None = None
     victim_priorities: dict[str, int] | None = None
     judged_on_count: bool | None = None
+    recompute_tax: float | None = None
 
 
 class ThrashRequest(msgspec.Struct):

@@ -155,6 +155,8 @@ def preemption_storm(ctx: Context) -> list[Finding]:
             msg = (f"{fmt_count(n)} preemptions {rate}"
                    + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
                       if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+        if eng.recompute_tax:
+            msg += f"; recompute tax {fmt_pct(eng.recompute_tax)}"
         hits = recomputed = None
         if wrote(eng, "log_chunk_boundaries") and eng.resumed_passes:
             hits, recomputed = eng.resumed_prefix_hit_tokens, eng.recomputed_tokens
@@ -176,7 +178,8 @@ def preemption_storm(ctx: Context) -> list[Finding]:
                 peak_running=ep.peak_running or None,
                 usable_kv_blocks=(eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None,
                 readmitted_prefix_hit_tokens=hits, recomputed_tokens=recomputed, victim_priorities=victims_by,
-                judged_on_count=count_only or None),
+                judged_on_count=count_only or None,
+                recompute_tax=round(eng.recompute_tax, 4) if eng.recompute_tax is not None else None),
             basis=(eng, ep)))
     return out
 
