@@ -74,14 +74,14 @@ class ProbeFlags(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: 10 minutes of a busy GPU server (~400 bytes per step at 30-100 steps/s, issue 19).
     max_segment_mb: Annotated[float, msgspec.Meta(ge=0)] = 64
     #: Also close a segment this many seconds after it was opened (None: by size only).
-    rotate_every_s: Union[Annotated[float, msgspec.Meta(gt=0)], None] = None
+    rotate_every_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     #: Gzip closed segments (``.jsonl.gz``) on a helper thread, off the scheduler's path.
     compress_segments: bool = True
     #: Most MiB the closed segments of one engine core may take on disk; the oldest are
     #: removed beyond it (None: keep all). The open segment comes on top.
-    keep_mb: Union[Annotated[float, msgspec.Meta(ge=0)], None] = None
+    keep_mb: Annotated[float, msgspec.Meta(ge=0)] | None = None
     #: Closed segments older than this many hours are removed (None: keep all).
-    keep_hours: Union[Annotated[float, msgspec.Meta(gt=0)], None] = None
+    keep_hours: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The flags as ``{name: value}`` in declaration order (``engine_config.flags``)."""

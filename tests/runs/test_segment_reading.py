@@ -15,7 +15,7 @@ import pytest
 
 from tests._workload import SPEC, trace, workload
 from tests.conftest import requires_vllm
-from vllm_probe.engine.sink import EventSink, compress_segment, segment_path
+from vllm_probe.engine.sink import EventSink
 from vllm_probe.runs.reader import Follower, ReadStats, iter_run, iter_run_lines
 from vllm_probe.runs.rundir import event_files, event_streams
 from vllm_probe.schema.events import ENGINE_CONFIG, STEP

@@ -130,6 +130,11 @@ class ChunkedAlone:
     example_steps: tuple[int, int] | None = None  # its first and last chunk's steps
 
 
+#: An admitted request whose first token is not known yet: (arrival_step, first_step,
+#: prompt_len, head_blocked_counts at arrival or None, at admission).
+_Waiting = tuple[int, int, int | None, dict[str, int] | None, dict[str, int]]
+
+
 #: head_blocked_by reasons a held slot shows as: the running queue is full
 #: (``max_num_seqs``), which the probe reads as ``deferred`` while the slots are held by
 #: requests whose last token is in flight (design.md §7: every waiting step reads

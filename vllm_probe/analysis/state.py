@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from typing import Any
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from ..schema.records import STRUCTS
 from .engine_state import (

@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, start_http_server
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 from prometheus_client.core import (
     CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, InfoMetricFamily, Metric,
 )
