@@ -17,7 +17,7 @@ STEP_TIMES = (0.001, 0.05)
 
 def _found(s: Stream) -> dict:
     ep = Episodes()
-    state = RunState(listener=ep).apply_all(s.events)
+    state = RunState(listener=ep).apply_all(s.records)
     return {f.id: f for f in diagnose(state, ep)}
 
 
@@ -240,7 +240,7 @@ def _report(s: Stream):
     from vllm_probe.analysis.doctor.rules import all_clear
 
     ep = Episodes()
-    state = RunState(listener=ep).apply_all(s.events)
+    state = RunState(listener=ep).apply_all(s.records)
     found = diagnose(state, ep)
     return {f.id: f for f in found}, all_clear(Context(state, ep), found)
 
@@ -439,7 +439,7 @@ def _without_seconds(d):
 
 
 def test_every_rule_reads_the_same_at_any_step_time():
-    from tests import test_doctor_rules as t
+    from tests.analysis import test_doctor_rules as t
 
     runs = {"preemption-storm": t._storm(100, (100, 100)), "preemption-thrash": t._thrash(3, 10),
             "head-of-line-blocking": t._hol(3), "kv-bound": t._bound({"kv_cache": 30}),

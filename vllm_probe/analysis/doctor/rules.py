@@ -397,7 +397,7 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
 def stall(ctx: Context) -> list[Finding]:
     """Steps that scheduled nothing while requests waited, with their cause."""
     out = []
-    for eng, _ep in engines_of(ctx):
+    for eng, ep in engines_of(ctx):
         runs = eng.timeline.stalls
         if runs.steps < STALL_MIN_STEPS:
             continue
