@@ -47,6 +47,9 @@ from ..analysis.summary import CONFIG_KEYS
 from ..analysis.follow import READ_CHUNK, LiveRun
 from ..runs.reader import Follower, ReadStats
 
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
 #: Seconds between two looks at the run directory when the follower has caught up.
 POLL_S = 0.25
 #: The doctor's findings (``vllm_probe_finding``) are recomputed at most this often (s),
