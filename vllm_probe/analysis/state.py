@@ -73,7 +73,7 @@ class RunState:
             eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep, self.timeline_spans)
         return eng
 
-    def apply(self, ev) -> None:
+    def apply(self, ev: Any) -> None:
         """Update the state with one record of :mod:`vllm_probe.schema.records` (as the
         reader yields them; past the reader there are only records).
 
@@ -207,8 +207,8 @@ class RunState:
         hist[key] = hist.get(key, 0) + 1
         if n_preempted:
             eng.preempt.in_step_lists += n_preempted
-            hist = eng.preempt.per_step
-            hist[n_preempted] = hist.get(n_preempted, 0) + 1
+            per_step = eng.preempt.per_step
+            per_step[n_preempted] = per_step.get(n_preempted, 0) + 1
         bound = bound_by(scheduled, budget, running, waiting, bool(n_preempted), eng.max_num_seqs)
         eng.bound_counts[bound] += 1
         blocked = ev.head_blocked_by
@@ -255,7 +255,8 @@ class RunState:
                 if rid in eng.requests:
                     self._finish(eng, rid, ts, None, None, None)
         if eng.awaiting_first_token:
-            done = [r for r in eng.awaiting_first_token.values() if r.first_token_step is not None and r.first_token_step < step]
+            done = [r for r in eng.awaiting_first_token.values()
+                    if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
                 req.first_token_ts = ts
                 del eng.awaiting_first_token[req.req_id]
