@@ -289,7 +289,7 @@ def _seqs_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remed
         want = seqs + add
         cap = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1) if ep.full_blocks_max else None
         capped = cap is not None and want > cap
-        if capped:
+        if cap is not None and capped:
             # never more slots than the cache holds at full length: a storm's remedy lowered
             # max_num_seqs to that, and asking for more would undo it (advice converges)
             want, add = cap, cap - seqs

@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from collections.abc import Callable
 
 import msgspec
 
@@ -419,11 +420,11 @@ def stall(ctx: Context) -> list[Finding]:
         open_stall = runs.open
         never = (not ctx.live and open_stall is not None and open_stall.last_step == eng.last_step
                  and open_stall.steps >= STALL_CRITICAL_STEPS)
-        cause_reason = max(reasons, key=reasons.get) if reasons else None
+        cause_reason = max(reasons, key=reasons.__getitem__) if reasons else None
         if cause_reason == "deferred" and _held_fires(ep):
             continue  # held-slots names the mechanism (0-token steps are one machine's shape of it)
         head, head_len = (first.head, first.head_prompt_len) if first is not None else (None, None)
-        basis: tuple = ()
+        basis: tuple[Any, ...] = ()
         if open_stall is not None and open_stall.head:
             head, head_len = open_stall.head, open_stall.head_prompt_len
         cause = {"kv_cache": "the head did not fit the KV cache", "deferred": "admission was deferred",
@@ -445,7 +446,7 @@ def stall(ctx: Context) -> list[Finding]:
             msg += ("; under async scheduling a finished request keeps its slot one more step, so with short "
                     "outputs every other step admits nobody (raising max_num_seqs does not change it)")
             basis = ("async",)
-        if never:
+        if never and open_stall is not None:
             msg += f"; the queue never drained (the log ends {open_stall.steps} steps into it)"
         out.append(Finding("stall", CRITICAL if never else WARNING, msg, StallEvidence(
             engine=engine_of(ctx, eng), stall_steps=runs.steps, first_step=first.first_step if first else None,
@@ -480,7 +481,7 @@ def _held_fires(ep: EngineEpisodes) -> bool:
     h = ep.held
     seqs = ep.eng.config.max_num_seqs if ep.eng.config is not None else None
     return (h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
-            and bool(seqs) and h.slot_steps >= HELD_MIN_SLOT_SHARE * seqs * h.waiting_steps)
+            and bool(seqs) and h.slot_steps >= HELD_MIN_SLOT_SHARE * (seqs or 0) * h.waiting_steps)
 
 
 def held_slots(ctx: Context) -> list[Finding]:
@@ -546,7 +547,8 @@ def _seqs_cap(eng: Any, ep: EngineEpisodes) -> int | None:
     cfg = eng.config
     if cfg is None or not cfg.num_kv_blocks or not ep.full_blocks_max:
         return None
-    return max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1)
+    cap: int = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1)
+    return cap
 
 
 def view_held(f: Finding) -> list[str]:
@@ -719,11 +721,12 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
         want = round_up(max(c.longest_prompt, cfg.max_num_batched_tokens or 0), 256)
         if cfg.max_num_batched_tokens:
             want = min(want, BUDGET_MAX_FACTOR * cfg.max_num_batched_tokens)  # within what operators run
+        first, last = c.example_steps or (0, 0)  # set with the example
         msg = (f"{c.prompts} prompt{'s were' if c.prompts != 1 else ' was'} cut into chunks while nothing decoded "
                f"alongside: chunking only added {fmt_count(c.extra_steps)} step{'s' if c.extra_steps != 1 else ''} "
                f"({fmt_pct(share)} of the run) and "
                f"{fmt_count(c.reread_tokens)} KV tokens read again; the longest, {c.example} "
-               f"({fmt_count(c.longest_prompt)} tokens, steps {c.example_steps[0]}-{c.example_steps[1]})")
+               f"({fmt_count(c.longest_prompt)} tokens, steps {first}-{last})")
         out.append(Finding("chunking-without-benefit", WARNING if share >= CHUNK_ALONE_WARN_SHARE else INFO, msg,
                            ChunkingEvidence(
                                engine=engine_of(ctx, eng), prompts=c.prompts, extra_steps=c.extra_steps,
@@ -967,7 +970,8 @@ def _int(settings: dict[str, Any], name: str) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
 
 
-def scaled(name: str, factors: tuple[float, ...], lo: int = 1, hi_factor: float | None = None):
+def scaled(name: str, factors: tuple[float, ...], lo: int = 1,
+           hi_factor: float | None = None) -> Callable[[dict[str, Any], Finding], list[int]]:
     """Candidates ``recorded × factor`` (rounded, distinct, in ``factors`` order), at least
     ``lo`` and at most ``hi_factor ×`` the recorded value; none when it is not recorded."""
     def candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
