@@ -21,7 +21,7 @@ def references(text: str) -> list[tuple[str, str | None]]:
     out = []
     for span in re.findall(r"`([^`\n]+)`", prose):
         m = REF.match(span.strip())
-        if m and "/" in m["path"] or (m and m["name"]):
+        if (m and "/" in m["path"]) or (m and m["name"]):
             out.append((m["path"], m["name"]))
     return out
 

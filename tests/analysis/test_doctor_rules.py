@@ -151,7 +151,8 @@ def test_thrash_boundaries():
     the prompt (1,001 of a 1,000-token prompt yes, 1,000 no); 10 is critical, 9 not."""
     f = _thrash(3, 10).findings()["preemption-thrash"]
     assert f.severity == WARNING
-    assert f.message == "T was preempted 3 times (steps 1-3), discarding 30 computed tokens against its 1,000-token prompt (0.0×)"
+    assert f.message == ("T was preempted 3 times (steps 1-3), discarding 30 computed tokens against its 1,000-token "
+                         "prompt (0.0×)")
     assert _ev(f)["requests"][0] == {"req_id": "T", "preemptions": 3, "steps": [1, 2, 3], "discarded_tokens": 30,
                                          "prompt_len": 1000, "finished": True}
     assert "preemption-thrash" not in _thrash(2, 500).findings()
@@ -389,7 +390,8 @@ def test_a_run_with_step_events_off_says_what_it_could_not_check():
         r.n += 1
     found = {f.id: f for f in r.analyze()[2]}
     # step events off: the computed tokens are the prefill chunks' 1,000
-    assert found["preemption-storm"].message.startswith("2 preemptions (2 requests) threw away 200 computed tokens, 20%")
+    assert found["preemption-storm"].message.startswith("2 preemptions (2 requests) threw away 200 computed tokens, "
+                                                        "20%")
     assert _ev(found["preemption-storm"])["per_100_steps"] is None
     checked = _ev(found["not-checked"])["rules"]
     assert set(checked) == {"kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded",

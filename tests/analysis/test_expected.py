@@ -82,8 +82,8 @@ def test_summary_and_doctor_expect_name_the_misspelt_key(tmp_path):
     (f,) = [f for f in examine(run, expected).findings if f.id == "config-not-applied"]
     assert f.message.startswith(f"1 setting of {expected.source} did not take effect: max_num_batched_token is not "
                                 "an engine argument of vLLM (did you mean max_num_batched_tokens?)")
-    assert f.evidence["unknown"] == [{"setting": "max_num_batched_token", "expected": 2048,
-                                      "did_you_mean": "max_num_batched_tokens"}]
+    assert f.to_dict()["evidence"]["unknown"] == [{"setting": "max_num_batched_token", "expected": 2048,
+                                                      "did_you_mean": "max_num_batched_tokens"}]
     assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 2048)
     assert f.remedy.whatif == {"max_num_batched_tokens": 2048}
 

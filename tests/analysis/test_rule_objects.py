@@ -82,7 +82,7 @@ def test_json_keeps_evidence_keys_in_order_and_engine_first():
     ev = f.to_dict()["evidence"]
     assert list(ev)[:3] == ["preemptions", "requests", "per_100_steps"] and "engine" not in ev
     f.evidence.engine = 1
-    assert list(f.to_dict()["evidence"])[0] == "engine" and f.engine == 1
+    assert next(iter(f.to_dict()["evidence"])) == "engine" and f.engine == 1
 
 
 def test_every_finding_of_the_rule_tests_has_its_rules_evidence_type():

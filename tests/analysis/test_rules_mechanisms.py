@@ -17,7 +17,7 @@ STEP_TIMES = (0.001, 0.05)
 
 def _found(s: Stream) -> dict:
     ep = Episodes()
-    state = RunState(listener=ep).apply_all(s.events)
+    state = RunState(listener=ep).apply_all(s.records)
     return {f.id: f for f in diagnose(state, ep)}
 
 
@@ -69,7 +69,8 @@ def test_held_slots_busy_shape_evidence():
     ev = f.to_dict()["evidence"]
     # every second step schedules 0 tokens with all 16 slots held
     assert ev == {"held_steps": 20, "waiting_steps": 40, "share_of_waiting_steps": 0.5, "held_slot_steps": 320,
-                  "held_slot_share": 0.5, "held_max": 16, "step_range": [1, 39], "max_num_seqs": 16, "running_max": 16, "waiting_max": 484,
+                  "held_slot_share": 0.5, "held_max": 16, "step_range": [1, 39], "max_num_seqs": 16, "running_max": 16,
+                  "waiting_max": 484,
                   "tokens_min": 0, "tokens_max": 0, "tokens_mean": 0.0, "head_blocked_by": {"deferred": 20},
                   "scheduler_class": "AsyncScheduler"}
     assert (f.remedy.setting, f.remedy.value) == ("async_scheduling", False)
@@ -136,7 +137,8 @@ def test_preemption_rules_work_from_preempt_events_alone():
     assert storm["evidence"]["preemptions"] == 4 and storm["evidence"]["requests"] == 2
     assert storm["evidence"]["discarded_tokens"] == 300 + 310 + 320 + 330
     assert storm["evidence"]["judged_on_count"] is True and storm["evidence"]["per_100_steps"] is None
-    assert storm["message"].startswith("4 preemptions (2 requests) threw away 1,260 computed tokens; the first at step 5")
+    assert storm["message"].startswith("4 preemptions (2 requests) threw away 1,260 computed tokens; "
+                                       "the first at step 5")
     thrash = fast["preemption-thrash"].to_dict()["evidence"]
     assert thrash["requests"][0]["req_id"] == "B" and thrash["requests"][0]["steps"] == [5, 12, 20]
     rules = fast["not-checked"].to_dict()["evidence"]["rules"]
@@ -196,7 +198,8 @@ def test_seqs_bound_stays_within_what_the_cache_holds_at_full_length():
     # 127 usable blocks hold 127 // 14 = 9 such requests: 4 + min(88.9 // 14 = 6, 10 waiting) = 10 is capped at 9
     f = _seqs_bound(128)["seqs-bound"]
     assert (f.remedy.setting, f.remedy.value) == ("max_num_seqs", 9)
-    assert "(at most 9: the cache holds 9 of the largest requests, 14 blocks each, at full length)" in f.remedy.arithmetic
+    assert ("(at most 9: the cache holds 9 of the largest requests, 14 blocks each, at full length)"
+            in f.remedy.arithmetic)
     # the storm remedy's max_num_seqs 63 // 14 = 4 applied: doctor on that run does not ask to raise it again
     f = _seqs_bound(64)["seqs-bound"]
     assert f.remedy is None
@@ -240,7 +243,7 @@ def _report(s: Stream):
     from vllm_probe.analysis.doctor.rules import all_clear
 
     ep = Episodes()
-    state = RunState(listener=ep).apply_all(s.events)
+    state = RunState(listener=ep).apply_all(s.records)
     found = diagnose(state, ep)
     return {f.id: f for f in found}, all_clear(Context(state, ep), found)
 
@@ -286,8 +289,8 @@ def _hol_queued(dt: float, warm: bool = False) -> Stream:
     for rid in ("L1", "L2"):
         for k in range(4):
             s.chunk(t(n) - dt / 2, n, rid, k, 1024 * k, 1024 * (k + 1), 4096, last=k == 3)
-            ev = s.step(t(n), n, 1024, prefill=1024, running=1 + (rid == "L2"), waiting=2 - (rid == "L2") - (k == 3 and rid == "L2"),
-                        prefill_reqs=1)
+            ev = s.step(t(n), n, 1024, prefill=1024, running=1 + (rid == "L2"),
+                        waiting=2 - (rid == "L2") - (k == 3 and rid == "L2"), prefill_reqs=1)
             if ev["waiting"]:
                 ev["head_blocked_by"] = "token_budget"
             n += 1
@@ -391,9 +394,9 @@ def test_kv_bound_says_which_concurrency_reading_applies():
     r.step(decode=4, running=4, waiting=3, blocked="kv_cache", kv=0.95, times=29)
     f = {f.id: f for f in r.analyze()[2]}["kv-bound"].to_dict()
     assert f["evidence"]["vllm_max_concurrency"] == 0.98 and f["evidence"]["concurrency_at_run_lengths"] == 6
-    assert f["message"].endswith("\"Maximum concurrency 0.98x\" assumes every request fills max_model_len, this run ran "
-                                 "4 at once; at this run's request lengths (prompt + max_tokens, 10.0 blocks each on "
-                                 "average) the cache holds 6 requests to the end at once: that is the reading that "
+    assert f["message"].endswith("\"Maximum concurrency 0.98x\" assumes every request fills max_model_len, this run "
+                                 "ran 4 at once; at this run's request lengths (prompt + max_tokens, 10.0 blocks each "
+                                 "on average) the cache holds 6 requests to the end at once: that is the reading that "
                                  "applies")
 
 
@@ -439,7 +442,7 @@ def _without_seconds(d):
 
 
 def test_every_rule_reads_the_same_at_any_step_time():
-    from tests import test_doctor_rules as t
+    from tests.analysis import test_doctor_rules as t
 
     runs = {"preemption-storm": t._storm(100, (100, 100)), "preemption-thrash": t._thrash(3, 10),
             "head-of-line-blocking": t._hol(3), "kv-bound": t._bound({"kv_cache": 30}),

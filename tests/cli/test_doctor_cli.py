@@ -53,8 +53,8 @@ def test_no_finding_above_info_says_so_in_one_line(tmp_path, capsys):
     assert cli.main(["doctor", str(_write(r, tmp_path / "light"))]) == 0
     out = capsys.readouterr().out
     # earned: every request admitted within ADMIT_WITHIN_STEPS (here none arrived)
-    assert "No finding above info: every request was admitted within 32 steps (the longest waited 0); nothing held " \
-           "this run back." in out
+    assert ("No finding above info: every request was admitted within 32 steps (the longest waited 0); nothing held "
+            "this run back.") in out
 
 
 def test_expect_the_seed_config_against_a_run_started_with_other_flags(tmp_path, capsys):

@@ -27,10 +27,11 @@ def _doctor(run_dir) -> dict:
 def _step_interval_s(run_dir) -> float:
     ts = []
     for path in glob.glob(f"{run_dir}/events-*.jsonl"):
-        for line in open(path):
-            ev = json.loads(line)
-            if ev["event"] == "step":
-                ts.append(ev["ts"])
+        with open(path) as lines:
+            for line in lines:
+                ev = json.loads(line)
+                if ev["event"] == "step":
+                    ts.append(ev["ts"])
     ts.sort()
     return statistics.median(b - a for a, b in zip(ts, ts[1:]))
 
@@ -44,7 +45,8 @@ def test_held_slots_found_at_two_step_rates(probe_run):
         f = found["held-slots"]
         ev = f["evidence"]
         assert ev["scheduler_class"] == "AsyncScheduler" and ev["max_num_seqs"] == 16 and ev["running_max"] == 16
-        assert ev["held_steps"] >= 3 and ev["held_max"] >= 1 and set(ev["head_blocked_by"]) <= {"deferred", "max_num_seqs"}
+        assert ev["held_steps"] >= 3 and ev["held_max"] >= 1
+        assert set(ev["head_blocked_by"]) <= {"deferred", "max_num_seqs"}
         assert (f["remedy"]["setting"], f["remedy"]["value"]) == ("async_scheduling", False)
         assert f["remedy"]["alternatives"][0]["setting"] == "max_num_seqs"
         assert "stall" not in found  # the 0-token steps are the held slots' symptom, named once

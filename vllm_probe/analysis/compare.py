@@ -408,8 +408,8 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
     figures = []
     for f in figures_for(summaries):
         values = [f.get(s) for s in summaries]
-        row = {"section": f.section, "figure": f.label, "path": str(f.path), "unit": f.unit, "better": f.better,
-               "clock": f.clock, "values": values, "deltas": []}
+        row: dict[str, Any] = {"section": f.section, "figure": f.label, "path": str(f.path), "unit": f.unit,
+                               "better": f.better, "clock": f.clock, "values": values, "deltas": []}
         for v, threshold in zip(values[1:], thresholds):
             d, rel, verdict = delta(f, values[0], v)
             row["deltas"].append({"abs": d, "rel": rel, "verdict": verdict,

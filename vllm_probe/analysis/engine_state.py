@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..schema.events import HEAD_BLOCKED_REASONS
 from .figures import (
@@ -239,11 +239,11 @@ class EngineState:
     last_step_ts: float | None = None  # latest ts of a step event, epoch s
     #: the preemption counters (preempt events, the steps' lists, tokens discarded and
     #: recomputed); read them through the properties below or the group
-    preempt: PreemptionCounts = field(default_factory=lambda: PreemptionCounts())
+    preempt: PreemptionCounts = field(default_factory=PreemptionCounts)
     #: where and under which load the preempt events happened (step events off: all there is)
     preempt_seen: PreemptionSeen = field(default_factory=PreemptionSeen)
     #: the prefill counters (chunks, re-read KV, prefix-cache hits of first and resumed passes)
-    prefill: PrefillCounts = field(default_factory=lambda: PrefillCounts())
+    prefill: PrefillCounts = field(default_factory=PrefillCounts)
     #: prefix-cache hits of the first chunks scheduled in step :attr:`hits_step` (tokens;
     #: :meth:`prefix_hits_in_step`, the ``--plain`` line's "hit")
     hits_step: int | None = None
@@ -297,7 +297,7 @@ class EngineState:
     timeline: Timeline = field(init=False)
     recent_preempts: deque[Any] = field(init=False)
     requests: dict[str, RequestState] = field(default_factory=dict)
-    finished: deque = field(init=False)
+    finished: deque[RequestState] = field(init=False)
     #: requests whose prefill pass just ended: their first token comes with the next step
     #: (or their finish); written by RunState's handlers
     awaiting_first_token: dict[str, RequestState] = field(default_factory=dict)
@@ -305,9 +305,30 @@ class EngineState:
     #: path reads it without going through the config record)
     max_num_seqs: int | None = None
     # the histograms of sampling_seen, one attribute each for request_added's loop
-    seen_max_tokens: dict = field(init=False, repr=False)
-    seen_temperature: dict = field(init=False, repr=False)
-    seen_top_p: dict = field(init=False, repr=False)
+    seen_max_tokens: dict[Any, int] = field(init=False, repr=False)
+    seen_temperature: dict[Any, int] = field(init=False, repr=False)
+    seen_top_p: dict[Any, int] = field(init=False, repr=False)
+
+    if TYPE_CHECKING:  # the read-only views set on the class below it, as mypy sees them
+        preemptions: ClassVar[int]
+        step_preemptions: ClassVar[int]
+        preemptions_by_reason: ClassVar[dict[str, int]]
+        discarded_by_reason: ClassVar[dict[str, int]]
+        requests_preempted: ClassVar[int]
+        discarded_tokens: ClassVar[int]
+        recomputed_tokens: ClassVar[int]
+        preempted_steps: ClassVar[dict[int, int]]
+        chunks: ClassVar[int]
+        chunk_tokens: ClassVar[int]
+        reread_kv_tokens: ClassVar[int]
+        prefix_hit_tokens: ClassVar[int]
+        first_passes: ClassVar[int]
+        first_pass_prompt_tokens: ClassVar[int]
+        requests_with_prefix_hits: ClassVar[int]
+        resumed_passes: ClassVar[int]
+        resumed_prefill_tokens: ClassVar[int]
+        resumed_prefix_hit_tokens: ClassVar[int]
+        first_pass_chunks: ClassVar[dict[int, int]]
 
     def __post_init__(self) -> None:
         self.seen_max_tokens, self.seen_temperature, self.seen_top_p = (
@@ -332,7 +353,7 @@ class EngineState:
         ``max_num_batched_tokens`` (``engine_config``); None when neither is known. The one
         budget every view feeds to :func:`~vllm_probe.analysis.figures.budget_use`."""
         latest = self.latest
-        budget = latest.token_budget if latest is not None else None
+        budget: int | None = latest.token_budget if latest is not None else None
         if budget:
             return budget
         config = self.config

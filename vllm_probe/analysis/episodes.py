@@ -208,6 +208,11 @@ class PriorityWait:
     lower: list[tuple[str, int]]
 
 
+#: An admitted request whose first token is not known yet: (arrival_step, first_step,
+#: prompt_len, head_blocked_counts at arrival or None, at admission).
+_Waiting = tuple[int, int, int | None, dict[str, int] | None, dict[str, int]]
+
+
 class _Pass:
     """A first prefill pass in progress: chunks so far, whether a step of it decoded
     anything, the KV tokens its later chunks re-read, its first step."""
@@ -455,7 +460,7 @@ class Episodes(StateListener):
             ep.peak_running = len(ep._admitted)
             ep.peak_step = step
 
-    def _priority_admitted(self, ep: EngineEpisodes, req: RequestState, step: int, w: tuple) -> None:
+    def _priority_admitted(self, ep: EngineEpisodes, req: RequestState, step: int, w: _Waiting) -> None:
         """A request admitted under the priority policy: did it wait for a slot that requests of
         lower priority held throughout its wait (:class:`PriorityWait`)?"""
         arrival, _, _, then, now = w
@@ -574,7 +579,8 @@ class Episodes(StateListener):
         key = reason or "unrecorded"
         h.reasons[key] = h.reasons.get(key, 0) + 1
 
-    def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list, passes: dict) -> None:
+    def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list[tuple[str, int, bool]],
+                          passes: dict[str, _Pass]) -> None:
         """The step of ``chunks`` ended: did anything decode beside them, did a pass end."""
         if ev.decode_tokens:
             for rid, _, _ in chunks:

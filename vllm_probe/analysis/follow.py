@@ -23,7 +23,8 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..runs.reader import Follower, ReadStats, record_ts
 from ..runs.rundir import read_meta

@@ -29,7 +29,7 @@ from .summary import Summary
 Step = tuple[str, Any]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
     """A dataclass's fields and their resolved annotations."""
     hints = typing.get_type_hints(cls)
@@ -53,7 +53,7 @@ class FigurePath:
         self._steps = steps
         self._type = type_
 
-    def __getattr__(self, name: str) -> "FigurePath":
+    def __getattr__(self, name: str) -> FigurePath:
         if name.startswith("__"):
             raise AttributeError(name)
         t = _strip_optional(self._type)
@@ -64,7 +64,7 @@ class FigurePath:
             raise AttributeError(f"{t.__name__} has no figure {name!r} (path {self}.{name})")
         return FigurePath(self._steps + (("attr", name),), fields[name])
 
-    def __getitem__(self, key: Any) -> "FigurePath":
+    def __getitem__(self, key: Any) -> FigurePath:
         t = _strip_optional(self._type)
         origin, args = typing.get_origin(t), typing.get_args(t)
         if origin is list and isinstance(key, int):
@@ -74,7 +74,7 @@ class FigurePath:
         raise TypeError(f"{self}[{key!r}]: {t!r} is not a list (int index) or a dict")
 
     @classmethod
-    def parse(cls, dotted: str) -> "FigurePath":
+    def parse(cls, dotted: str) -> FigurePath:
         """The typed path of a dotted one (``"latency_classes.classes.0.ttft_s.median"``:
         digits index a list), checked as if written with attributes."""
         path = cls()

@@ -74,7 +74,7 @@ class RunState:
             eng = self.engines[idx] = EngineState(idx, self.step_window, self.finished_keep, self.timeline_spans)
         return eng
 
-    def apply(self, ev) -> None:
+    def apply(self, ev: Any) -> None:
         """Update the state with one record of :mod:`vllm_probe.schema.records` (as the
         reader yields them; past the reader there are only records).
 
@@ -276,8 +276,8 @@ class RunState:
         hist[key] = hist.get(key, 0) + 1
         if n_preempted:
             eng.preempt.in_step_lists += n_preempted
-            hist = eng.preempt.per_step
-            hist[n_preempted] = hist.get(n_preempted, 0) + 1
+            per_step = eng.preempt.per_step
+            per_step[n_preempted] = per_step.get(n_preempted, 0) + 1
         # figures.bound_by, inlined
         if budget is not None and scheduled >= budget:
             bound = "token_budget"
@@ -338,7 +338,8 @@ class RunState:
                 if rid in requests:
                     self._finish(eng, rid, ts, None, None, None)
         if eng.awaiting_first_token:
-            done = [r for r in eng.awaiting_first_token.values() if r.first_token_step is not None and r.first_token_step < step]
+            done = [r for r in eng.awaiting_first_token.values()
+                    if r.first_token_step is not None and r.first_token_step < step]
             for req in done:
                 req.first_token_ts = ts
                 del eng.awaiting_first_token[req.req_id]

@@ -346,7 +346,8 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     engine core's events in file order (engine cores may follow one another or
     interleave, as ``iter_run`` yields them). Events are records of
     :mod:`vllm_probe.schema.records` (past the reader there are only records; a
-    hand-made stream builds them: ``tests/_events.py``'s ``records``). ``listener`` follows every transition (the doctor's
+    hand-made stream builds them: ``tests/_events.py``'s ``records``). ``listener`` follows
+    every transition (the doctor's
     :class:`~vllm_probe.analysis.episodes.Episodes`). ``with_summary=False``: the state
     only (no per-request latency records), and None for the summary. ``boundaries``:
     prompt-length class boundaries in tokens (None: :func:`default_boundaries` of the

@@ -5,7 +5,8 @@
 the engine core) for as long as the command runs: the port is bound before the run
 directory is made, so a port in use is one line and nothing starts; the command's exit
 stops the server. With ``--live`` the server serves the dashboard's
-:class:`~vllm_probe.analysis.follow.LiveRun` (every line read once, one state). See :mod:`vllm_probe.cli.metrics` for the same as a sidecar.
+:class:`~vllm_probe.analysis.follow.LiveRun` (every line read once, one state). See
+:mod:`vllm_probe.cli.metrics` for the same as a sidecar.
 """
 
 from __future__ import annotations

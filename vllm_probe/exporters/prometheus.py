@@ -50,6 +50,9 @@ from ..analysis.summary import CONFIG_KEYS
 from ..analysis.follow import READ_CHUNK, LiveRun
 from ..runs.reader import Follower, ReadStats
 
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
 #: Seconds between two looks at the run directory when the follower has caught up.
 POLL_S = 0.25
 #: The doctor's findings (``vllm_probe_finding``) are recomputed at most this often (s),
@@ -121,11 +124,12 @@ class RunStateCollector(Collector):
             until a source is given.
     """
 
-    def __init__(self, state: RunState, *, lock: threading.Lock | None = None, stats: ReadStats | None = None,
+    def __init__(self, state: RunState, *, lock: threading.Lock | threading.RLock | None = None,
+                 stats: ReadStats | None = None,
                  incomplete_lines: Callable[[], int] | None = None,
                  meta: dict | Callable[[], dict] | None = None, findings: FindingsSource | None = None) -> None:
         self.state = state
-        self.lock = lock or threading.Lock()
+        self.lock: threading.Lock | threading.RLock = lock or threading.Lock()
         self.stats = stats
         self.incomplete_lines = incomplete_lines
         self._meta = meta
@@ -398,7 +402,9 @@ class MetricsServer:
 
     @property
     def stats(self) -> ReadStats:
-        return self.collector.stats
+        stats = self.collector.stats
+        assert stats is not None  # the server's collector is made with stats, and attach() keeps them
+        return stats
 
     @property
     def meta(self) -> dict:
@@ -448,9 +454,11 @@ class MetricsServer:
     def pump(self, max_bytes: int | None = READ_CHUNK) -> int:
         """Read what the files hold now (up to ``max_bytes`` per file per look) into the
         state; returns the events read."""
+        assert self.live is not None  # set by follow() or attach()
         return self.live.pump(max_bytes=max_bytes)
 
     def _run(self) -> None:
+        assert self.live is not None  # set by follow(), which starts this thread
         run_dir = self.live.run_dir
         while not self._stop.is_set():
             read = 0

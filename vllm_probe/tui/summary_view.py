@@ -33,8 +33,8 @@ def _dist_row(t: Table, label: str, d: Distribution, unit: str) -> None:
 
 
 #: How each status of a settings check reads, and its style.
-_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"), NOT_V1: ("not in vLLM V1", "dim"),
-               NOT_AN_ARG: ("unknown", "bold red")}
+_CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "green"),
+               NOT_V1: ("not in vLLM V1", "dim"), NOT_AN_ARG: ("unknown", "bold red")}
 
 
 def expected_table(s: Summary) -> Table | None:
@@ -129,7 +129,8 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     run = _kv("Run", [
         ("steps", figure(s.steps)),
         ("duration · busy", f"{figure(s.duration_s, 's')} · {figure(s.busy_s, 's')}"),
-        ("requests finished", count(s.requests_finished) + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
+        ("requests finished", count(s.requests_finished)
+         + (f" (+{count(s.requests_unfinished)} unfinished)" if s.requests_unfinished else "")),
         ("prompt · output tokens", f"{count(s.prompt_tokens)} · {count(s.output_tokens)}"),
         ("output tokens/s · per busy s", f"{figure(s.output_tokens_per_s)} · {figure(s.output_tokens_per_busy_s)}"),
         ("bound most by", f"{s.bound_most} ({figure(s.bound_by.get(s.bound_most), '%')})" if s.bound_most else UNKNOWN),

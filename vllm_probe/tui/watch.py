@@ -73,6 +73,7 @@ class Watcher:
                             findings_every_s=FINDINGS_EVERY_S)
         self.stats = self.live.stats
         self.diagnosis = self.live.diagnosis  # its episodes: the findings' and the notable moments'
+        assert self.diagnosis is not None  # made with findings_every_s
         self.episodes = self.diagnosis.episodes
         self.state = self.live.state
         self.follower = self.live.follower
@@ -100,7 +101,7 @@ class Watcher:
         return self.live.behind
 
     def _plain_line(self, ev) -> None:
-        if not self.quiet:
+        if self.formatter is not None and self.out is not None and not self.quiet:
             line = self.formatter.format(ev)
             if line is not None:
                 self.out.write(line + "\n")

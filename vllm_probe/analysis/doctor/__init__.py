@@ -23,7 +23,8 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .rules import CATALOGUE, FINDING_IDS, RULES, Context, all_clear
+from .context import Context
+from .rules import CATALOGUE, FINDING_IDS, RULES, all_clear
 
 __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
            "diagnose", "examine", "has_critical", "FINDING_IDS", "RULES", "expected_of_meta"]

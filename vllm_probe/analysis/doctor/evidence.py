@@ -49,18 +49,25 @@ class StormEvidence(Evidence, kw_only=True):
         requests: distinct requests preempted.
         per_100_steps: preemptions per 100 steps; null with step events off.
         discarded_tokens: computed tokens the preemptions threw away (tokens).
-        computed_tokens: tokens the engine computed, every step's prefill and decode (with step events off: the prefill chunks).
+        computed_tokens: tokens the engine computed, every step's prefill and decode (with step events off: the prefill
+            chunks).
         discarded_share: discarded_tokens / computed_tokens (0..1).
         first_step: step of the first preemption.
         busiest_steps: the steps with the most preemptions (up to 3).
-        peak_kv_demand_blocks: KV blocks the admitted requests would hold at full length (prompt + max_tokens) at its peak; null when unknown.
+        peak_kv_demand_blocks: KV blocks the admitted requests would hold at full length (prompt + max_tokens) at its
+            peak; null when unknown.
         peak_running: requests admitted at that peak.
         usable_kv_blocks: the KV cache's blocks minus the one vLLM reserves.
-        readmitted_prefix_hit_tokens: tokens of readmitted requests' re-prefills served from the prefix cache rather than recomputed (vLLM counts them as hits, #25780); null when chunk events are off.
-        recomputed_tokens: tokens of readmitted requests' re-prefills that were computed again; null when chunk events are off.
-        victim_priorities: under the priority policy, preemptions per victim priority value (vLLM preempts the running request with the largest (priority, arrival)); left out otherwise.
-        judged_on_count: true when only preempt events were recorded (step and chunk events off): the storm is judged on its count alone; left out otherwise.
-        recompute_tax: recomputed prompt tokens ÷ all computed tokens (vLLM RFC #54644; 0..1); null without chunk events.
+        readmitted_prefix_hit_tokens: tokens of readmitted requests' re-prefills served from the prefix cache rather
+            than recomputed (vLLM counts them as hits, #25780); null when chunk events are off.
+        recomputed_tokens: tokens of readmitted requests' re-prefills that were computed again; null when chunk events
+            are off.
+        victim_priorities: under the priority policy, preemptions per victim priority value (vLLM preempts the running
+            request with the largest (priority, arrival)); left out otherwise.
+        judged_on_count: true when only preempt events were recorded (step and chunk events off): the storm is judged on
+            its count alone; left out otherwise.
+        recompute_tax: recomputed prompt tokens ÷ all computed tokens (vLLM RFC #54644; 0..1); null without chunk
+            events.
     """
 
     preemptions: int
@@ -129,7 +136,8 @@ class HolBlocked(msgspec.Struct):
         ttft_s: its time to first token (s).
         queue_share: queue_s / ttft_s (0..1).
         head_blocked_by: steps per head_blocked_by reason while it waited.
-        prefix_hit_tokens: of its prompt, tokens served by the prefix cache (it is short by the tokens left to compute: prompt_len - prefix_hit_tokens).
+        prefix_hit_tokens: of its prompt, tokens served by the prefix cache (it is short by the tokens left to compute:
+            prompt_len - prefix_hit_tokens).
     """
 
     req_id: str
@@ -193,9 +201,12 @@ class BoundEvidence(Evidence, kw_only=True):
         kv_usage_mean: mean KV cache use in those steps (0..1).
         max_num_seqs: the engine's max_num_seqs.
         inferred_from_queues: the run has no head_blocked_by (an older probe): the limit was inferred from the queues.
-        vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (KV capacity / max_model_len); left out when unknown.
+        vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (KV capacity / max_model_len);
+            left out when unknown.
         budget_use_median: budget-bound only: the median step's share of the token budget (0..1).
-        concurrency_at_run_lengths: kv-bound only: the requests the KV cache holds at once at this run's lengths (usable blocks // the mean blocks at full length, prompt + max_tokens): the "Maximum concurrency" reading that applies to this workload; left out when unknown.
+        concurrency_at_run_lengths: kv-bound only: the requests the KV cache holds at once at this run's lengths (usable
+            blocks // the mean blocks at full length, prompt + max_tokens): the "Maximum concurrency" reading that
+            applies to this workload; left out when unknown.
     """
 
     steps: int
@@ -244,11 +255,13 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
     requests that had already produced their last token.
 
     Attributes:
-        held_steps: steps after which requests waited with the running queue at max_num_seqs and some of its requests scheduling nothing (their last token in flight).
+        held_steps: steps after which requests waited with the running queue at max_num_seqs and some of its requests
+            scheduling nothing (their last token in flight).
         waiting_steps: steps of the async engine core after which requests waited.
         share_of_waiting_steps: held_steps / waiting_steps (0..1).
         held_slot_steps: held slots summed over the held steps (slot-steps).
-        held_slot_share: held_slot_steps / (max_num_seqs × waiting_steps): the share of the running slots held while requests waited (0..1).
+        held_slot_share: held_slot_steps / (max_num_seqs × waiting_steps): the share of the running slots held while
+            requests waited (0..1).
         held_max: most slots held in one step.
         step_range: the first and last held step, ``[first, last]``.
         max_num_seqs: the engine's max_num_seqs.
@@ -333,7 +346,8 @@ class PriorityWaitEntry(msgspec.Struct):
         steps: the steps it waited, ``[arrival step, first chunk step - 1]``.
         slot_steps: steps of its wait whose head_blocked_by was a full running queue (max_num_seqs or deferred).
         head_blocked_by: steps per head_blocked_by reason while it waited.
-        lower_priority_running: running requests of lower priority (larger value) that held slots throughout its wait (up to 4).
+        lower_priority_running: running requests of lower priority (larger value) that held slots throughout its wait
+            (up to 4).
     """
 
     req_id: str
@@ -345,7 +359,8 @@ class PriorityWaitEntry(msgspec.Struct):
 
 
 class PrioritySlotWaitEvidence(Evidence, kw_only=True):
-    """``priority-slot-wait``: under the priority policy, high-priority requests waited for a running slot held by lower-priority ones.
+    """``priority-slot-wait``: under the priority policy, high-priority requests waited for a running slot held by
+    lower-priority ones.
 
     Attributes:
         requests: such requests in all.

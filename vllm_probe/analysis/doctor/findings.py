@@ -88,7 +88,8 @@ class Finding:
         return self.evidence.engine
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "severity": self.severity, "message": self.message, "evidence": msgspec.to_builtins(self.evidence),
+        return {"id": self.id, "severity": self.severity, "message": self.message,
+                "evidence": msgspec.to_builtins(self.evidence),
                 "remedy": self.remedy.to_dict() if self.remedy is not None else None, "predicted": self.predicted}
 
 

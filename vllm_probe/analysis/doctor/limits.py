@@ -58,10 +58,10 @@ def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
         sizes = [b for b, k in ep.full_blocks_seen.items() if k]
         each = f"{n} × {sizes[0]} blocks" if len(sizes) == 1 else f"{n} requests, {per:.1f} blocks each on average"
         seqs = max(int(usable // per), 1)
-        blocks_text = (f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
-                       f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has {fmt_count(usable)} "
-                       f"(+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a GPU: raise "
-                       f"gpu_memory_utilization until vLLM reports that many blocks)")
+        blocks_text = (f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + "
+                       f"max_tokens, {cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has "
+                       f"{fmt_count(usable)} (+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a "
+                       "GPU: raise gpu_memory_utilization until vLLM reports that many blocks)")
         if cfg.max_num_seqs and seqs < cfg.max_num_seqs:
             return Remedy(
                 "max_num_seqs", seqs,
@@ -168,7 +168,8 @@ def bound(ctx: Context) -> list[Finding]:
             running_max=agg.running_max, running_mean=round(agg.running_mean, 2), waiting_max=agg.waiting_max,
             waiting_mean=round(agg.waiting_mean, 2), kv_usage_mean=round(agg.kv_mean, 4),
             max_num_seqs=cfg.max_num_seqs, inferred_from_queues=inferred)
-        head = (f"in {fmt_count(agg.steps)} of {fmt_count(eng.steps)} steps ({fmt_pct(agg.steps / eng.steps)}) requests waited")
+        head = (f"in {fmt_count(agg.steps)} of {fmt_count(eng.steps)} steps ({fmt_pct(agg.steps / eng.steps)}) "
+                "requests waited")
         if fid == "kv-bound":
             full = agg.kv_mean >= KV_FULL
             why = "" if inferred else " because the head of the queue did not fit"
@@ -195,8 +196,9 @@ def bound(ctx: Context) -> list[Finding]:
         elif fid == "budget-bound":
             use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
             evidence.budget_use_median = rounded(use.median)
-            msg = (f"The token budget held the run back: {head} with the budget of {fmt_count(cfg.max_num_batched_tokens)} "
-                   f"tokens used up (median step {fmt_pct(use.median or 0)} of it); up to {agg.waiting_max} waited")
+            msg = (f"The token budget held the run back: {head} with the budget of "
+                   f"{fmt_count(cfg.max_num_batched_tokens)} tokens used up (median step {fmt_pct(use.median or 0)} of "
+                   f"it); up to {agg.waiting_max} waited")
             out.append(Finding("budget-bound", INFO, msg, evidence, basis=(eng, ep, agg)))
         else:
             msg = (f"max_num_seqs held the run back: {head} with the running queue full "
@@ -265,10 +267,10 @@ def _kv_bound_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> R
     every = " (all of the run's)" if target == eng.requests_added else ""
     return Remedy(
         "num_gpu_blocks_override", need,
-        f"up to {agg.running_max} ran and {agg.waiting_max} waited: {target} requests{every} × {per:.1f} blocks at full "
-        f"length (prompt + max_tokens, {cfg.block_size} tokens per block) + 1 reserved = {fmt_count(need)} blocks; the KV cache "
-        f"has {fmt_count(cfg.num_kv_blocks)} → num_gpu_blocks_override {fmt_count(need)} (on a GPU: raise gpu_memory_utilization "
-        f"until vLLM reports that many)",
+        f"up to {agg.running_max} ran and {agg.waiting_max} waited: {target} requests{every} × {per:.1f} blocks at "
+        f"full length (prompt + max_tokens, {cfg.block_size} tokens per block) + 1 reserved = {fmt_count(need)} "
+        f"blocks; the KV cache has {fmt_count(cfg.num_kv_blocks)} → num_gpu_blocks_override {fmt_count(need)} (on a "
+        "GPU: raise gpu_memory_utilization until vLLM reports that many)",
         "more KV blocks take device memory (gpu_memory_utilization: less headroom for activations)",
         SRC_SGLANG + "; " + SRC_FULL_ISL, whatif={"num_kv_blocks": need})
 
@@ -287,7 +289,7 @@ def _seqs_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remed
         want = seqs + add
         cap = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1) if ep.full_blocks_max else None
         capped = cap is not None and want > cap
-        if capped:
+        if cap is not None and capped:
             # never more slots than the cache holds at full length: a storm's remedy lowered
             # max_num_seqs to that, and asking for more would undo it (advice converges)
             want, add = cap, cap - seqs
@@ -295,10 +297,11 @@ def _seqs_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remed
                 return None
         return Remedy(
             "max_num_seqs", want,
-            f"{fmt_pct(1 - agg.kv_mean)} of {fmt_count(cfg.num_kv_blocks - 1)} KV blocks ({free:.0f}) free on average while the "
-            f"queue was full, {per:.1f} blocks per request at full length → room for {more} more: max_num_seqs "
-            f"{seqs} + {add} = {want}" + (f" (at most {cap}: the cache holds {cap} of the largest requests, "
-                                          f"{ep.full_blocks_max} blocks each, at full length)" if capped else ""),
+            f"{fmt_pct(1 - agg.kv_mean)} of {fmt_count(cfg.num_kv_blocks - 1)} KV blocks ({free:.0f}) free on average "
+            f"while the queue was full, {per:.1f} blocks per request at full length → room for {more} more: "
+            f"max_num_seqs {seqs} + {add} = {want}"
+            + (f" (at most {cap}: the cache holds {cap} of the largest requests, "
+               f"{ep.full_blocks_max} blocks each, at full length)" if capped else ""),
             "more requests per step: each decode step takes longer (inter-token latency)", SRC_SGLANG,
             whatif={"max_num_seqs": want})
     want = seqs + agg.waiting_max

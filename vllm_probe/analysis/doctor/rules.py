@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from collections.abc import Callable
 
 import msgspec
 
@@ -40,7 +41,8 @@ from .evidence import (
     Evidence, PrioritySlotWaitEvidence, PriorityWaitEntry, RunningRequest, UnexplainedWaitEvidence, WaitEntry,
     BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
     NotCheckedEvidence,
-    NotInV1, SettingDiffers, UnknownSetting, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
+    NotInV1, SettingDiffers, UnknownSetting, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest,
+    UnderloadedEvidence,
     field_docs,
 )
 from .findings import CRITICAL, INFO, WARNING, Finding, Remedy
@@ -142,7 +144,8 @@ def preemption_storm(ctx: Context) -> list[Finding]:
             continue
         busiest = [BusiestStep(step, victims) for step, victims in ep.preempting_steps.items()[:3]]
         first = ep.first_preempt[0] if ep.first_preempt else (busiest[0].step if busiest else None)
-        rate = (f"in {fmt_count(eng.steps)} steps ({per_100:.1f} per 100 steps, {fmt_count(eng.requests_preempted)} requests)"
+        rate = (f"in {fmt_count(eng.steps)} steps ({per_100:.1f} per 100 steps, {fmt_count(eng.requests_preempted)} "
+                "requests)"
                 if per_100 is not None else f"({fmt_count(eng.requests_preempted)} requests)")
         of_what = ("of the tokens the engine computed" if eng.scheduled_tokens else
                    "of the prompt tokens it prefilled (decode tokens are not known with step events off)")
@@ -150,7 +153,8 @@ def preemption_storm(ctx: Context) -> list[Finding]:
             msg = (f"{fmt_count(n)} preemptions ({fmt_count(eng.requests_preempted)} requests)"
                    + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens" if eng.discarded_tokens else "")
                    + (f"; the first at step {first}" if first is not None else "")
-                   + " (only preempt events were recorded: how often and how costly against the whole run is not known)")
+                   + " (only preempt events were recorded: how often and how costly against the whole run is not "
+                     "known)")
         else:
             msg = (f"{fmt_count(n)} preemptions {rate}"
                    + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
@@ -214,8 +218,9 @@ def preemption_thrash(ctx: Context) -> list[Finding]:
         if pair is not None:
             other, alternations = pair
             msg = (f"{worst.req_id} and {other.req_id} preempted each other: {worst.preemptions} and "
-                   f"{other.preemptions} times (steps {min(worst.steps + other.steps)}-{max(worst.steps + other.steps)}), "
-                   f"discarding {fmt_count(worst.discarded_tokens + other.discarded_tokens)} computed tokens against "
+                   f"{other.preemptions} times (steps "
+                   f"{min(worst.steps + other.steps)}-{max(worst.steps + other.steps)}), discarding "
+                   f"{fmt_count(worst.discarded_tokens + other.discarded_tokens)} computed tokens against "
                    f"{fmt_count((worst.prompt_len or 0) + (other.prompt_len or 0))} prompt tokens")
         else:
             msg = (f"{worst.req_id} was preempted {worst.preemptions} times"
@@ -227,7 +232,8 @@ def preemption_thrash(ctx: Context) -> list[Finding]:
             msg += f"; {len(cands) - (2 if pair else 1)} more request(s) preempted repeatedly"
         evidence = ThrashEvidence(
             engine=engine_of(ctx, eng),
-            requests=[ThrashRequest(r.req_id, r.preemptions, list(r.steps), r.discarded_tokens, r.prompt_len, r.finished)
+            requests=[ThrashRequest(r.req_id, r.preemptions, list(r.steps), r.discarded_tokens, r.prompt_len,
+                                    r.finished)
                       for r in cands[:THRASH_LISTED]],
             repeated_requests=len(cands))
         if pair is not None:
@@ -292,12 +298,13 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
         if len(names) == 1:
             who = f"{names[0]}'s {fmt_count(long_prompts[0]) + '-token ' if long_prompts else ''}prefill"
         else:
-            who = (f"the prefills of {len(names)} long requests ({'/'.join(fmt_count(p) for p in long_prompts)}-token prompts: "
-                   f"{', '.join(names[:3])}{' …' if len(names) > 3 else ''})")
+            who = (f"the prefills of {len(names)} long requests ({'/'.join(fmt_count(p) for p in long_prompts)}-token "
+                   f"prompts: {', '.join(names[:3])}{' …' if len(names) > 3 else ''})")
         msg = (f"{len(waits)} short request{'s' if len(waits) != 1 else ''} "
-               f"({'/'.join(fmt_count(p) for p in short_prompts)}-token prompts) waited up to {max(w.steps for w in waits)} "
-               f"steps for their first chunk while {who} took {fmt_pct(taken / total)} of the prefill tokens "
-               f"(steps {first}-{last}); queue time was {pct_range(shares)} of their time to first token")
+               f"({'/'.join(fmt_count(p) for p in short_prompts)}-token prompts) waited up to "
+               f"{max(w.steps for w in waits)} steps for their first chunk while {who} took {fmt_pct(taken / total)} "
+               f"of the prefill tokens (steps {first}-{last}); queue time was {pct_range(shares)} of their time to "
+               "first token")
         if warm:
             msg += (f"; {len(warm)} of them cache-warm ({'/'.join(fmt_count(w.to_compute or 0) for w in warm)} tokens "
                     f"left to compute after prefix-cache hits)")
@@ -345,7 +352,8 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
     short_total = sum(w.to_compute or 0 for w in waits)
     quarter = max(budget // 4, 1)
     long_prefill_alt = {
-        "setting": "long_prefill_token_threshold", "value": quarter, "whatif": {"long_prefill_token_threshold": quarter},
+        "setting": "long_prefill_token_threshold", "value": quarter,
+        "whatif": {"long_prefill_token_threshold": quarter},
         "arithmetic": f"a quarter of the budget ({fmt_count(budget)} // 4 = {fmt_count(quarter)}) caps each long "
                       f"prefill's chunk so the short requests fit beside them (design.md §7: a quarter of the budget "
                       f"cut the short requests' queue p90 from 2.9 s to 0.86 s)"}
@@ -355,9 +363,10 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
         cap = max(budget - short_total, budget // 2)
         remedy = Remedy(
             "long_prefill_token_threshold", cap,
-            f"budget {fmt_count(budget)} − the waiting short prompts ({fmt_count(short_total)} tokens) = {fmt_count(budget - short_total)}"
-            f" (at least half the budget) → long_prefill_token_threshold {fmt_count(cap)} caps the long prefill chunks so "
-            f"the short requests fit beside them (vLLM 0.31+: applied when more than one request is eligible)",
+            f"budget {fmt_count(budget)} − the waiting short prompts ({fmt_count(short_total)} tokens) = "
+            f"{fmt_count(budget - short_total)} (at least half the budget) → long_prefill_token_threshold "
+            f"{fmt_count(cap)} caps the long prefill chunks so the short requests fit beside them (vLLM 0.31+: applied "
+            "when more than one request is eligible)",
             "the long prompts take more steps to prefill (their own TTFT grows)", SRC_VLLM_CHUNKED,
             whatif={"long_prefill_token_threshold": cap})
     else:
@@ -414,11 +423,11 @@ def stall(ctx: Context) -> list[Finding]:
         open_stall = runs.open
         never = (not ctx.live and open_stall is not None and open_stall.last_step == eng.last_step
                  and open_stall.steps >= STALL_CRITICAL_STEPS)
-        cause_reason = max(reasons, key=reasons.get) if reasons else None
+        cause_reason = max(reasons, key=reasons.__getitem__) if reasons else None
         if cause_reason == "deferred" and _held_fires(ep):
             continue  # held-slots names the mechanism (0-token steps are one machine's shape of it)
         head, head_len = (first.head, first.head_prompt_len) if first is not None else (None, None)
-        basis: tuple = ()
+        basis: tuple[Any, ...] = ()
         if open_stall is not None and open_stall.head:
             head, head_len = open_stall.head, open_stall.head_prompt_len
         cause = {"kv_cache": "the head did not fit the KV cache", "deferred": "admission was deferred",
@@ -426,21 +435,21 @@ def stall(ctx: Context) -> list[Finding]:
                  "token_budget": "the budget was used up", "prefill_limit": "new prefills were held back"}.get(
                      cause_reason or "", "the cause is not recorded (no head_blocked_by)")
         msg = (f"{fmt_count(runs.steps)} steps scheduled nothing while requests waited (first at step "
-               f"{first.first_step if first else '?'}, longest {fmt_count(longest.steps)} steps from step {longest.first_step}): "
-               f"{cause}")
+               f"{first.first_step if first else '?'}, longest {fmt_count(longest.steps)} steps from step "
+               f"{longest.first_step}): {cause}")
         if cfg is not None and cause_reason == "kv_cache" and head_len and cfg.block_size and cfg.num_kv_blocks:
             need = cdiv(head_len, cfg.block_size)
             usable = cfg.num_kv_blocks - 1
             if need > usable:
-                msg += (f"; the head {head} needs {need} blocks for its {fmt_count(head_len)}-token prompt and the KV cache "
-                        f"has {usable}: it can never fit")
+                msg += (f"; the head {head} needs {need} blocks for its {fmt_count(head_len)}-token prompt and the KV "
+                        f"cache has {usable}: it can never fit")
                 basis = ("never_fits", head, head_len, need, usable, cfg.block_size)
         if cause_reason == "deferred" and cfg is not None and (cfg.async_scheduling or
                                                                cfg.scheduler_class == "AsyncScheduler"):
             msg += ("; under async scheduling a finished request keeps its slot one more step, so with short "
                     "outputs every other step admits nobody (raising max_num_seqs does not change it)")
             basis = ("async",)
-        if never:
+        if never and open_stall is not None:
             msg += f"; the queue never drained (the log ends {open_stall.steps} steps into it)"
         out.append(Finding("stall", CRITICAL if never else WARNING, msg, StallEvidence(
             engine=engine_of(ctx, eng), stall_steps=runs.steps, first_step=first.first_step if first else None,
@@ -475,7 +484,7 @@ def _held_fires(ep: EngineEpisodes) -> bool:
     h = ep.held
     seqs = ep.eng.config.max_num_seqs if ep.eng.config is not None else None
     return (h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
-            and bool(seqs) and h.slot_steps >= HELD_MIN_SLOT_SHARE * seqs * h.waiting_steps)
+            and bool(seqs) and h.slot_steps >= HELD_MIN_SLOT_SHARE * (seqs or 0) * h.waiting_steps)
 
 
 def held_slots(ctx: Context) -> list[Finding]:
@@ -541,13 +550,15 @@ def _seqs_cap(eng: Any, ep: EngineEpisodes) -> int | None:
     cfg = eng.config
     if cfg is None or not cfg.num_kv_blocks or not ep.full_blocks_max:
         return None
-    return max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1)
+    cap: int = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1)
+    return cap
 
 
 def view_held(f: Finding) -> list[str]:
     e = _ev(f, HeldSlotsEvidence)
-    return [f"held steps {_steps(e.step_range)} · slots held max {e.held_max} ({fmt_count(e.held_slot_steps)} slot-steps) · "
-            f"running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max {e.waiting_max}",
+    return [f"held steps {_steps(e.step_range)} · slots held max {e.held_max} ({fmt_count(e.held_slot_steps)} "
+            f"slot-steps) · running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max "
+            f"{e.waiting_max}",
             f"tokens per held step {fmt_count(e.tokens_min)}–{fmt_count(e.tokens_max)} (mean {e.tokens_mean:,.0f}) · "
             f"head blocked by {_reasons(e.head_blocked_by)} · {e.scheduler_class or 'scheduler not recorded'}"]
 
@@ -571,11 +582,11 @@ def priority_slot_wait(ctx: Context) -> list[Finding]:
         worst = waits[0]
         low_rid, low_p = worst.lower[0]
         cfg = eng.config
-        msg = (f"{ep.priority_wait_count} request{'s' if ep.priority_wait_count != 1 else ''} of higher priority waited "
-               f"for a running slot while requests of lower priority held all {fmt_count_or(cfg.max_num_seqs)} "
+        msg = (f"{ep.priority_wait_count} request{'s' if ep.priority_wait_count != 1 else ''} of higher priority "
+               f"waited for a running slot while requests of lower priority held all {fmt_count_or(cfg.max_num_seqs)} "
                f"(e.g. {worst.req_id}, priority {worst.priority}, waited {fmt_count(worst.slot_steps)} steps with the "
-               f"running queue full while {low_rid}, priority {low_p}, ran): vLLM preempts for KV blocks, never for "
-               f"a slot, so priority does not get a request past a full running queue")
+               f"running queue full while {low_rid}, priority {low_p}, ran): vLLM preempts for KV blocks, never for a "
+               "slot, so priority does not get a request past a full running queue")
         out.append(Finding("priority-slot-wait", WARNING, msg, PrioritySlotWaitEvidence(
             engine=engine_of(ctx, eng), requests=ep.priority_wait_count,
             waits=[PriorityWaitEntry(w.req_id, w.priority, [w.arrival_step, w.first_step - 1], w.slot_steps,
@@ -639,8 +650,9 @@ def unexplained_wait(ctx: Context) -> list[Finding]:
     found = ctx.cache.get("found", [])
     for eng, ep in engines_of(ctx):
         if not (wrote(eng, "log_chunk_boundaries") and wrote(eng, "log_request_events")):
-            ctx.not_checked["unexplained-wait"] = ("needs chunk and request events (scheduler_probe.log_chunk_boundaries, "
-                                                   "log_request_events): how long requests waited is not known")
+            ctx.not_checked["unexplained-wait"] = ("needs chunk and request events "
+                                                   "(scheduler_probe.log_chunk_boundaries, log_request_events): how "
+                                                   "long requests waited is not known")
             continue
         engine = engine_of(ctx, eng)
         if any(f.id in EXPLAINS_WAITS and f.engine in (engine, None) for f in found):
@@ -712,11 +724,12 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
         want = round_up(max(c.longest_prompt, cfg.max_num_batched_tokens or 0), 256)
         if cfg.max_num_batched_tokens:
             want = min(want, BUDGET_MAX_FACTOR * cfg.max_num_batched_tokens)  # within what operators run
+        first, last = c.example_steps or (0, 0)  # set with the example
         msg = (f"{c.prompts} prompt{'s were' if c.prompts != 1 else ' was'} cut into chunks while nothing decoded "
                f"alongside: chunking only added {fmt_count(c.extra_steps)} step{'s' if c.extra_steps != 1 else ''} "
                f"({fmt_pct(share)} of the run) and "
                f"{fmt_count(c.reread_tokens)} KV tokens read again; the longest, {c.example} "
-               f"({fmt_count(c.longest_prompt)} tokens, steps {c.example_steps[0]}-{c.example_steps[1]})")
+               f"({fmt_count(c.longest_prompt)} tokens, steps {first}-{last})")
         out.append(Finding("chunking-without-benefit", WARNING if share >= CHUNK_ALONE_WARN_SHARE else INFO, msg,
                            ChunkingEvidence(
                                engine=engine_of(ctx, eng), prompts=c.prompts, extra_steps=c.extra_steps,
@@ -733,8 +746,8 @@ def chunking_remedy(ctx: Context, f: Finding) -> Remedy | None:
     want = f.basis
     if want < e.example_prompt_len:
         text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens) is more than {BUDGET_MAX_FACTOR}× "
-                f"the budget: max_num_batched_tokens {fmt_count(want)} ({BUDGET_MAX_FACTOR}×, the most offered) cuts it "
-                f"into fewer chunks")
+                f"the budget: max_num_batched_tokens {fmt_count(want)} ({BUDGET_MAX_FACTOR}×, the most offered) cuts "
+                "it into fewer chunks")
     else:
         text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens), rounded up to 256 → "
                 f"max_num_batched_tokens {fmt_count(want)} prefills it in one step")
@@ -825,9 +838,9 @@ def underloaded(ctx: Context) -> list[Finding]:
                f"prefilled they only decode, a token each per step; more requests at once would fill the budget"
                if burst else "the client sends too slowly")
         out.append(Finding("underloaded", INFO,
-                           f"{waited_text} and the median step used "
-                           f"{fmt_pct(use.median)} of the {fmt_count(eng.config.max_num_batched_tokens if eng.config else 0)}-token "
-                           f"budget: the scheduler is not the bottleneck ({why})",
+                           f"{waited_text} and the median step used {fmt_pct(use.median)} of the "
+                           f"{fmt_count(eng.config.max_num_batched_tokens if eng.config else 0)}-token budget: the "
+                           f"scheduler is not the bottleneck ({why})",
                            UnderloadedEvidence(engine=engine_of(ctx, eng), waiting_steps=waited, total_steps=eng.steps,
                                                budget_use_median=rounded(use.median), burst=bool(burst))))
     return out
@@ -883,8 +896,8 @@ def view_storm(f: Finding) -> list[str]:
     if e.busiest_steps:
         out.append("busiest steps: " + ", ".join(f"{b.step} ({', '.join(b.preempted[:3])})" for b in e.busiest_steps))
     if e.peak_kv_demand_blocks:
-        out.append(f"peak KV demand {fmt_count_or(e.peak_kv_demand_blocks)} blocks for {e.peak_running} running requests "
-                   f"at full length; {fmt_count_or(e.usable_kv_blocks)} usable")
+        out.append(f"peak KV demand {fmt_count_or(e.peak_kv_demand_blocks)} blocks for {e.peak_running} running "
+                   f"requests at full length; {fmt_count_or(e.usable_kv_blocks)} usable")
     return out
 
 
@@ -907,8 +920,8 @@ def view_hol(f: Finding) -> list[str]:
     out = [f"{b.req_id} (prompt {fmt_count_or(b.prompt_len)}) waited {b.waited_steps} steps, {_steps(b.steps)}: "
            f"queue {fmt_duration(b.queue_s)} of TTFT {fmt_duration(b.ttft_s)}" for b in e.blocked[:4]]
     for t in e.takers[:4]:
-        out.append(f"budget taken by {t.req_id} (prompt {fmt_count_or(t.prompt_len)}): {fmt_count_or(t.prefill_tokens)} "
-                   f"prefill tokens" + (f", first chunk at step {t.first_chunk_step}"
+        out.append(f"budget taken by {t.req_id} (prompt {fmt_count_or(t.prompt_len)}): "
+                   f"{fmt_count_or(t.prefill_tokens)} prefill tokens" + (f", first chunk at step {t.first_chunk_step}"
                                         if t.first_chunk_step is not None else ""))
     return out
 
@@ -960,7 +973,8 @@ def _int(settings: dict[str, Any], name: str) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
 
 
-def scaled(name: str, factors: tuple[float, ...], lo: int = 1, hi_factor: float | None = None):
+def scaled(name: str, factors: tuple[float, ...], lo: int = 1,
+           hi_factor: float | None = None) -> Callable[[dict[str, Any], Finding], list[int]]:
     """Candidates ``recorded × factor`` (rounded, distinct, in ``factors`` order), at least
     ``lo`` and at most ``hi_factor ×`` the recorded value; none when it is not recorded."""
     def candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
@@ -969,7 +983,7 @@ def scaled(name: str, factors: tuple[float, ...], lo: int = 1, hi_factor: float 
             return []
         out: list[int] = []
         for k in factors:
-            v = max(int(round(base * k)), lo)
+            v = max(round(base * k), lo)
             if hi_factor is not None and v > base * hi_factor:
                 continue
             if v != base and v not in out:
@@ -1122,7 +1136,8 @@ CATALOGUE: tuple[Rule, ...] = (
         preemption_storm,
         StormEvidence,
         (_t("STORM_MIN_PREEMPTIONS", "preemptions", "one preemption is an event, not a storm"),
-         _t("STORM_PER_100_STEPS", "preemptions per 100 steps", MEASURED + ": runs sized for their load preempt 0 times"),
+         _t("STORM_PER_100_STEPS", "preemptions per 100 steps",
+            MEASURED + ": runs sized for their load preempt 0 times"),
          _t("STORM_DISCARD_SHARE", "share of computed tokens", SRC_VLLM_PREEMPTION),
          _t("STORM_CRITICAL_DISCARD_SHARE", "share of computed tokens", "as much computed work thrown away as kept")),
         goal=lambda f: Goal("preemptions", reduce_by=0.9),
@@ -1293,7 +1308,8 @@ def _type_name(t: Any) -> str:
 
 
 #: Markers around the generated reference in docs/doctor.md.
-REFERENCE_BEGIN = "<!-- rule reference: generated by `python -m vllm_probe.analysis.doctor.rules`; do not edit by hand -->"
+REFERENCE_BEGIN = ("<!-- rule reference: generated by `python -m vllm_probe.analysis.doctor.rules`; "
+                   "do not edit by hand -->")
 REFERENCE_END = "<!-- end of the rule reference -->"
 
 
@@ -1361,7 +1377,8 @@ def _describe(t: Any, nested: list[type]) -> str:
         if t.cls not in nested:
             nested.append(t.cls)
         return f"`{t.cls.__name__}`"
-    names: dict[type, str] = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool", mi.AnyType: "any"}
+    names: dict[type, str] = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool",
+                              mi.AnyType: "any"}
     return names.get(type(t), type(t).__name__)
 
 
