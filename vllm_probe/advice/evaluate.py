@@ -178,11 +178,14 @@ class Evaluator:
                               str(self.run_dir), command), dict(point)))
         return out
 
-    def evaluate(self, points: Sequence[dict[str, Any]]) -> list[Evaluation]:
-        """One :class:`Evaluation` per point, in order (a point vLLM refuses: ``error``)."""
+    def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None) -> list[Evaluation]:
+        """One :class:`Evaluation` per point, in order (a point vLLM refuses: ``error``);
+        ``requests``: the subset for :attr:`Evaluation.figures_subset` (default: the
+        evaluator's)."""
+        subset = tuple(requests) if requests is not None else self.requests
         planned = self._tasks(points)
         runnable = [t for t, _ in planned if t is not None]
-        args = [(t, self.requests, self.keep) for t in runnable]
+        args = [(t, subset, self.keep) for t in runnable]
         if self._ray is not None:
             results = self._ray_map(args)
         elif self.jobs > 1 and len(args) > 1:
