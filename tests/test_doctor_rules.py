@@ -12,6 +12,11 @@ from vllm_probe.analysis.episodes import Episodes, notable_moments
 from vllm_probe.analysis.state import RunState
 
 
+def _ev(f) -> dict:
+    """A finding's evidence as ``doctor --json`` writes it."""
+    return f.to_dict()["evidence"]
+
+
 class Run:
     """One engine core's events, one step per second of event time (exact floats)."""
 
@@ -79,7 +84,7 @@ def test_storm_by_frequency_boundary():
     """2 preemptions discarding 2 of 1,000 computed tokens (0.2 %): 1.0 per 100 steps at
     200 steps is a storm, 0.995 at 201 is not."""
     f = _storm(200, (1, 1)).findings()["preemption-storm"]
-    assert f.severity == WARNING and f.evidence["per_100_steps"] == 1.0 and f.evidence["discarded_share"] == 0.002
+    assert f.severity == WARNING and _ev(f)["per_100_steps"] == 1.0 and _ev(f)["discarded_share"] == 0.002
     assert "2 preemptions in 200 steps (1.0 per 100 steps, 0 requests)" not in f.message  # requests are counted
     assert f.message.startswith("2 preemptions in 200 steps (1.0 per 100 steps, 2 requests) threw away 2 computed")
     assert "preemption-storm" not in _storm(201, (1, 1)).findings()
@@ -88,7 +93,7 @@ def test_storm_by_frequency_boundary():
 def test_storm_by_cost_boundary_and_critical():
     """1,000 steps (0.2 per 100): 50 of 1,000 computed tokens discarded (5 %) is a storm,
     49 is not; 500 (50 %) is critical, 499 a warning."""
-    assert _storm(1000, (25, 25)).findings()["preemption-storm"].evidence["discarded_share"] == 0.05
+    assert _ev(_storm(1000, (25, 25)).findings()["preemption-storm"])["discarded_share"] == 0.05
     assert "preemption-storm" not in _storm(1000, (25, 24)).findings()
     assert _storm(1000, (250, 250)).findings()["preemption-storm"].severity == CRITICAL
     assert _storm(1000, (250, 249)).findings()["preemption-storm"].severity == WARNING
@@ -115,7 +120,7 @@ def test_storm_remedy_from_the_peak_kv_demand():
     assert (f.remedy.setting, f.remedy.value, f.remedy.whatif) == ("num_gpu_blocks_override", 71, {"num_kv_blocks": 71})
     assert "needed 5 × 14 blocks at full length" in f.remedy.arithmetic and "= 70 blocks" in f.remedy.arithmetic
     assert f.remedy.alternatives[0]["value"] == 4 and f.remedy.alternatives[0]["whatif"] == {"max_num_seqs": 4}
-    assert f.evidence["first_step"] == 5 and f.evidence["peak_running"] == 5
+    assert _ev(f)["first_step"] == 5 and _ev(f)["peak_running"] == 5
 
 
 # -- preemption-thrash ---------------------------------------------------------------------------
@@ -145,7 +150,7 @@ def test_thrash_boundaries():
     f = _thrash(3, 10).findings()["preemption-thrash"]
     assert f.severity == WARNING
     assert f.message == "T was preempted 3 times (steps 1-3), discarding 30 computed tokens against its 1,000-token prompt (0.0×)"
-    assert f.evidence["requests"][0] == {"req_id": "T", "preemptions": 3, "steps": [1, 2, 3], "discarded_tokens": 30,
+    assert _ev(f)["requests"][0] == {"req_id": "T", "preemptions": 3, "steps": [1, 2, 3], "discarded_tokens": 30,
                                          "prompt_len": 1000, "finished": True}
     assert "preemption-thrash" not in _thrash(2, 500).findings()
     assert "preemption-thrash" in _thrash(2, 501).findings()
@@ -155,7 +160,7 @@ def test_thrash_boundaries():
 
 def test_two_requests_preempting_each_other():
     f = _thrash(3, 600, pair=True).findings()["preemption-thrash"]
-    assert f.evidence["pair"] == ["T", "U"] and f.evidence["alternations"] == 5
+    assert _ev(f)["pair"] == ["T", "U"] and _ev(f)["alternations"] == 5
     assert f.message.startswith("T and U preempted each other: 3 and 3 times (steps 1-6), discarding 3,600 computed "
                                 "tokens against 2,000 prompt tokens")
 
@@ -189,10 +194,10 @@ def test_head_of_line_blocking_evidence_and_remedy():
     (105.0): queue 3.25 s of TTFT 4.5 s. L started before S arrived: a chunk cap,
     1,024 - 100 = 924, lets S in beside it."""
     f = _hol(3).findings()["head-of-line-blocking"]
-    (b,) = f.evidence["blocked"]
+    (b,) = _ev(f)["blocked"]
     assert (b["req_id"], b["waited_steps"], b["steps"], b["queue_s"], b["ttft_s"]) == ("S", 3, [1, 3], 3.25, 4.5)
-    assert f.evidence["takers"] == [{"req_id": "L", "prompt_len": 4096, "prefill_tokens": 3072, "first_chunk_step": 0}]
-    assert f.evidence["taken_share"] == 1.0
+    assert _ev(f)["takers"] == [{"req_id": "L", "prompt_len": 4096, "prefill_tokens": 3072, "first_chunk_step": 0}]
+    assert _ev(f)["taken_share"] == 1.0
     assert (f.remedy.setting, f.remedy.value) == ("long_prefill_token_threshold", 924)
     assert f.message == ("1 short request (100-token prompts) waited up to 3 steps for their first chunk while L's "
                          "4,096-token prefill took 100% of the prefill tokens (steps 1-3); queue time was 72% of their "
@@ -224,8 +229,8 @@ def test_bound_boundaries():
     """Requests waited in 20 of 100 steps (BOUND_MIN_WAITING_SHARE) and one limit held at
     least half of those (BOUND_SHARE)."""
     f = _bound({"kv_cache": 20}).findings()["kv-bound"]
-    assert f.evidence["steps"] == 20 and f.evidence["share_of_waiting_steps"] == 1.0
-    assert f.evidence["step_range"] == [0, 19] and f.evidence["running_max"] == 4
+    assert _ev(f)["steps"] == 20 and _ev(f)["share_of_waiting_steps"] == 1.0
+    assert _ev(f)["step_range"] == [0, 19] and _ev(f)["running_max"] == 4
     assert f.message.startswith("The KV cache held the run back: in 20 of 100 steps (20%) requests waited because the "
                                 "head of the queue did not fit; running plateaued at 4 of max_num_seqs 64 while up to "
                                 "3 waited, KV cache 95% used on average")
@@ -253,9 +258,9 @@ def test_a_run_without_head_blocked_by_is_inferred_and_says_so():
     r.step(decode=4, running=4, waiting=3, times=30)  # bound_by: KV cache (waiting, budget and seqs to spare)
     r.step(decode=4, running=4, times=70)
     found = r.findings()
-    assert found["kv-bound"].evidence["inferred_from_queues"] is True
+    assert _ev(found["kv-bound"])["inferred_from_queues"] is True
     assert "because the head" not in found["kv-bound"].message
-    assert "head_blocked_by" in found["not-checked"].evidence["rules"]
+    assert "head_blocked_by" in _ev(found["not-checked"])["rules"]
 
 
 # -- stall -------------------------------------------------------------------------------------
@@ -280,8 +285,8 @@ def test_stall_boundaries_and_the_head_that_never_fits():
     """7 usable blocks of 16 tokens; BIG's 200-token prompt needs 13: it can never fit."""
     assert "stall" not in _stall(2).findings()
     f = _stall(3).findings()["stall"]
-    assert f.severity == WARNING and f.evidence["first_step"] == 4 and f.evidence["head"] == "BIG"
-    assert f.evidence["head_blocked_by"] == {"kv_cache": 3}
+    assert f.severity == WARNING and _ev(f)["first_step"] == 4 and _ev(f)["head"] == "BIG"
+    assert _ev(f)["head_blocked_by"] == {"kv_cache": 3}
     assert "the head BIG needs 13 blocks for its 200-token prompt and the KV cache has 7: it can never fit" in f.message
     assert (f.remedy.setting, f.remedy.value) == ("num_gpu_blocks_override", 14)
     assert _stall(50, at_end=True).findings()["stall"].severity == CRITICAL
@@ -305,7 +310,7 @@ def _alone(decode_beside: bool, steps: int = 20) -> Run:
 
 def test_chunking_without_benefit():
     f = _alone(False).findings()["chunking-without-benefit"]
-    assert f.evidence == {"prompts": 1, "extra_steps": 1, "share_of_steps": 0.05, "reread_kv_tokens": 1024,
+    assert _ev(f) == {"prompts": 1, "extra_steps": 1, "share_of_steps": 0.05, "reread_kv_tokens": 1024,
                           "example": "P", "example_prompt_len": 2000, "example_steps": [0, 1]}
     assert f.severity == WARNING and (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 2048)
     assert _alone(False, steps=21).findings()["chunking-without-benefit"].severity == INFO
@@ -319,12 +324,12 @@ def test_underloaded_boundaries():
         r.step(decode=scheduled, times=steps - waiting_steps)
         return r.findings()
     f = light(100, waiting_steps=5)["underloaded"]
-    assert f.severity == INFO and f.evidence["budget_use_median"] == 0.25
+    assert f.severity == INFO and _ev(f)["budget_use_median"] == 0.25
     assert set(light(100, waiting_steps=5)) == {"underloaded"}  # nothing above info
     assert "underloaded" not in light(100, waiting_steps=6)
     assert "underloaded" not in light(49)
     assert "underloaded" not in light(100, scheduled=257)
-    assert f.message.endswith("(the client sends too slowly)") and f.evidence["burst"] is False
+    assert f.message.endswith("(the client sends too slowly)") and _ev(f)["burst"] is False
 
 
 def test_underloaded_names_an_offline_burst_and_gives_way_to_a_finding_that_requests_were_held_back():
@@ -333,7 +338,7 @@ def test_underloaded_names_an_offline_burst_and_gives_way_to_a_finding_that_requ
         r.add(f"R{i}", 100)  # all before step 0: one burst
     r.step(decode=3, running=3, times=100)
     f = r.findings()["underloaded"]
-    assert f.evidence["burst"] is True and "the workload is one burst of 3 requests" in f.message
+    assert _ev(f)["burst"] is True and "the workload is one burst of 3 requests" in f.message
     # the same run with a stall: the scheduler held requests back, so not "underloaded"
     r.step(running=1, waiting=2, blocked="kv_cache", times=3)
     found = r.findings()
@@ -347,8 +352,8 @@ def test_config_not_applied_names_each_setting():
     f = r.findings(expected=exp)["config-not-applied"]
     assert f.message == ("1 setting of config.toml did not take effect: max_num_batched_tokens 8,192 expected, 1,024 "
                          "in force (command-line flags and engine arguments win over config files)")
-    assert f.evidence["differs"] == [{"setting": "max_num_batched_tokens", "expected": 8192, "effective": 1024}]
-    assert f.evidence["not_recorded"] == ["gpu_memory_utilization"]
+    assert _ev(f)["differs"] == [{"setting": "max_num_batched_tokens", "expected": 8192, "effective": 1024}]
+    assert _ev(f)["not_recorded"] == ["gpu_memory_utilization"]
     assert f.remedy.whatif == {"max_num_batched_tokens": 8192}
     assert "config-not-applied" not in r.findings(expected=Expectation("x", {"max_num_seqs": 8}))
 
@@ -362,11 +367,11 @@ def test_findings_are_worst_first_and_moments_come_from_the_same_episodes():
     assert rules.STALL_CRITICAL_STEPS == 50
 
 
-@pytest.mark.parametrize("name", [n for n, _ in rules.CATALOGUE])
+@pytest.mark.parametrize("name", [r.id for r in rules.CATALOGUE])
 def test_every_rule_is_quiet_on_an_empty_run(name):
     state = RunState()
     ep = Episodes()
-    assert dict(rules.CATALOGUE)[name](rules.Context(state, ep)) == []
+    assert rules.RULES[name].evaluate(rules.Context(state, ep)) == []
 
 
 def test_a_run_with_step_events_off_says_what_it_could_not_check():
@@ -383,8 +388,8 @@ def test_a_run_with_step_events_off_says_what_it_could_not_check():
     found = {f.id: f for f in r.analyze()[2]}
     # step events off: the computed tokens are the prefill chunks' 1,000
     assert found["preemption-storm"].message.startswith("2 preemptions (2 requests) threw away 200 computed tokens, 20%")
-    assert found["preemption-storm"].evidence["per_100_steps"] is None
-    checked = found["not-checked"].evidence["rules"]
+    assert _ev(found["preemption-storm"])["per_100_steps"] is None
+    checked = _ev(found["not-checked"])["rules"]
     assert set(checked) == {"kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded",
                             "chunking-without-benefit", "head-of-line-blocking"}
     assert checked["stall"] == "step events are off (scheduler_probe.log_schedule_each_step)"

@@ -17,6 +17,9 @@ bounded memory:
 * **chunking without benefit** — first prefill passes cut into several chunks while no
   request decoded alongside (seed notes §3.4: chunking then only adds steps and KV
   re-reads);
+* **held slots** — under ``AsyncScheduler``, steps whose running queue was full while
+  requests waited, with running requests that scheduled nothing: slots held by requests
+  whose last token is in flight (:class:`HeldSlots`);
 * **KV demand** — the KV blocks the admitted requests would need at full length
   (prompt + ``max_tokens``, capped at ``max_model_len``), its peak and the running
   requests at the peak: the arithmetic behind the KV-cache remedies.
@@ -120,6 +123,56 @@ class ChunkedAlone:
     example_steps: tuple[int, int] | None = None  # its first and last chunk's steps
 
 
+#: head_blocked_by reasons a held slot shows as: the running queue is full
+#: (``max_num_seqs``), which the probe reads as ``deferred`` while the slots are held by
+#: requests whose last token is in flight (design.md §7: every waiting step reads
+#: ``deferred`` on vLLM 0.32).
+HELD_REASONS = ("deferred", "max_num_seqs")
+
+
+@dataclass(slots=True)
+class HeldSlots:
+    """Steps of an ``AsyncScheduler`` engine core whose running queue held slots for
+    requests that had produced their last token.
+
+    vLLM 0.32's ``Scheduler.schedule`` skips a running request whose in-flight tokens
+    already reach its ``max_tokens`` (vllm/v1/core/sched/scheduler.py:663-678: async
+    scheduling, ``num_output_placeholders``); it leaves ``self.running`` only when that
+    step's output is processed (``update_from_output``, :2294-2295), after the next step
+    was scheduled. Until then it holds a slot, and the WAITING loop stops at
+    ``max_num_seqs`` (:921-924). A step counts when requests waited after it, the running
+    queue was at ``max_num_seqs``, the head was blocked by one of :data:`HELD_REASONS`
+    (or the run records no reason), and some running requests scheduled nothing
+    (``running - prefill_reqs - decode_reqs`` > 0: the held slots). Step-based only, so
+    the same mechanism reads the same at any step rate.
+
+    Attributes:
+        waiting_steps: steps of the async engine after which requests waited.
+        steps: held steps (those that count, above).
+        slot_steps: held slots summed over them (slot-steps: the goal figure ``held_slot_steps``).
+        held_max: most slots held in one step.
+        first_step, last_step: the first and last held step (-1: none).
+        running_max, waiting_max: most running / waiting in a held step.
+        tokens_min, tokens_max: fewest / most tokens a held step scheduled (the shape:
+            0/4,096 on a busy machine, 256/3,840 on a quiet one, design.md §7).
+        tokens_sum: tokens the held steps scheduled.
+        reasons: held steps per head_blocked_by reason.
+    """
+
+    waiting_steps: int = 0
+    steps: int = 0
+    slot_steps: int = 0
+    held_max: int = 0
+    first_step: int = -1
+    last_step: int = -1
+    running_max: int = 0
+    waiting_max: int = 0
+    tokens_min: int = -1
+    tokens_max: int = 0
+    tokens_sum: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
 class _Pass:
     """A first prefill pass in progress: chunks so far, whether a step of it decoded
     anything, the KV tokens its later chunks re-read, its first step."""
@@ -154,6 +207,7 @@ class EngineEpisodes:
         self._ring: list[tuple[int, str, int, int]] = []  # (step, req_id, tokens, prompt_len), by step
         self._passes: dict[str, _Pass] = {}
         self.chunked_alone = ChunkedAlone()
+        self.held = HeldSlots()
         # preemptions
         self.preempting_steps = Ranked(TOP_K)
         self.first_preempt: tuple[int, int] | None = None  # (step, running queue after it)
@@ -415,11 +469,42 @@ class Episodes(StateListener):
         if ev.preempted:
             step = eng.last_step if ev.step is None else ev.step
             ep.preempting_steps.offer((len(ev.preempted), -step), (step, list(ev.preempted)))
+        if ev.waiting:
+            cfg = eng.config
+            if cfg is not None and (cfg.async_scheduling or cfg.scheduler_class == "AsyncScheduler"):
+                self._held_step(ep, eng, ev, cfg.max_num_seqs)
         stall = eng.timeline.stalls.open
         if stall is not None and stall.head is None and stall.steps == 1:  # a stall begins: who is the head
             head = ep._head_request()
             if head is not None:
                 stall.head, stall.head_prompt_len = head.req_id, head.prompt_len
+
+    def _held_step(self, ep: EngineEpisodes, eng: EngineState, ev: Any, seqs: int | None) -> None:
+        """One step of an async engine core after which requests waited (:class:`HeldSlots`)."""
+        h = ep.held
+        h.waiting_steps += 1
+        running = ev.running or 0
+        reason = ev.head_blocked_by
+        if not seqs or running < seqs or (reason is not None and reason not in HELD_REASONS):
+            return
+        held = running - (ev.prefill_reqs or 0) - (ev.decode_reqs or 0)
+        if held <= 0:
+            return
+        step = eng.last_step if ev.step is None else ev.step
+        tokens = ev.scheduled_tokens or 0
+        h.steps += 1
+        h.slot_steps += held
+        h.held_max = max(h.held_max, held)
+        if h.first_step < 0:
+            h.first_step = step
+        h.last_step = step
+        h.running_max = max(h.running_max, running)
+        h.waiting_max = max(h.waiting_max, ev.waiting)
+        h.tokens_min = tokens if h.tokens_min < 0 else min(h.tokens_min, tokens)
+        h.tokens_max = max(h.tokens_max, tokens)
+        h.tokens_sum += tokens
+        key = reason or "unrecorded"
+        h.reasons[key] = h.reasons.get(key, 0) + 1
 
     def _step_chunks_done(self, ep: EngineEpisodes, ev: Any, chunks: list, passes: dict) -> None:
         """The step of ``chunks`` ended: did anything decode beside them, did a pass end."""

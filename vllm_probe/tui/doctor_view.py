@@ -5,7 +5,6 @@ findings panel. No computation here: findings come from :mod:`vllm_probe.analysi
 
 from __future__ import annotations
 
-from typing import Any, Callable
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -13,123 +12,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.doctor import CRITICAL, INFO, WARNING, Finding, Report
+from ..analysis.doctor import CRITICAL, INFO, RULES, WARNING, Finding, Report
 from .charts import line, sep
-from .format import count, duration, figure, pct, signed_pct
+from .format import count, figure, signed_pct
 
 #: How each severity reads.
 SEVERITY_STYLE = {CRITICAL: "bold white on red", WARNING: "bold yellow", INFO: "bold cyan"}
 SEVERITY_LABEL = {CRITICAL: "CRITICAL", WARNING: "WARNING", INFO: "info"}
-
-
-def _steps(r: Any) -> str:
-    if not r or r[0] is None:
-        return "-"
-    return f"{r[0]}" if r[0] == r[1] else f"{r[0]}–{r[1]}"
-
-
-def _reasons(d: dict) -> str:
-    total = sum(d.values()) or 1
-    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
-
-
-# -- evidence, per finding id: short lines naming steps, requests, counts ----------------------------
-
-
-def _ev_storm(e: dict) -> list[str]:
-    out = []
-    if e.get("busiest_steps"):
-        out.append("busiest steps: " + ", ".join(f"{b['step']} ({', '.join(b['preempted'][:3])})"
-                                                 for b in e["busiest_steps"]))
-    if e.get("peak_kv_demand_blocks"):
-        out.append(f"peak KV demand {count(e['peak_kv_demand_blocks'])} blocks for {e['peak_running']} running requests "
-                   f"at full length; {count(e.get('usable_kv_blocks'))} usable")
-    return out
-
-
-def _ev_thrash(e: dict) -> list[str]:
-    requests = e.get("requests", [])
-    out = [f"{r['req_id']} ×{r['preemptions']} at steps {', '.join(str(s) for s in r['steps'][:8])}"
-           f"{' …' if len(r['steps']) > 8 else ''} (discarded {count(r['discarded_tokens'])} tok, "
-           f"prompt {count(r['prompt_len'])})" for r in requests[:4]]
-    rest = requests[4:]
-    if rest:
-        more = e.get("repeated_requests", len(requests)) - len(requests)
-        out.append("and " + ", ".join(f"{r['req_id']} ×{r['preemptions']}" for r in rest)
-                   + (f" (+{more} more: doctor --json)" if more > 0 else ""))
-    return out
-
-
-def _ev_underloaded(e: dict) -> list[str]:
-    return [f"requests waited after {count(e.get('waiting_steps'))} of {count(e.get('total_steps'))} steps · "
-            f"median step {pct(e.get('budget_use_median'))} of the token budget"
-            + (" · one offline burst" if e.get("burst") else "")]
-
-
-def _ev_hol(e: dict) -> list[str]:
-    out = [f"{b['req_id']} (prompt {count(b['prompt_len'])}) waited {b['waited_steps']} steps, {_steps(b['steps'])}: "
-           f"queue {duration(b['queue_s'])} of TTFT {duration(b['ttft_s'])}" for b in e.get("blocked", [])[:4]]
-    for t in e.get("takers", [])[:4]:
-        out.append(f"budget taken by {t['req_id']} (prompt {count(t['prompt_len'])}): {count(t['prefill_tokens'])} "
-                   f"prefill tokens" + (f", first chunk at step {t['first_chunk_step']}"
-                                        if t.get("first_chunk_step") is not None else ""))
-    return out
-
-
-def _ev_bound(e: dict) -> list[str]:
-    return [f"steps {_steps(e.get('step_range'))} · running max {e['running_max']} (mean {e['running_mean']:.1f}) · "
-            f"waiting max {e['waiting_max']} (mean {e['waiting_mean']:.1f}) · KV {figure(e['kv_usage_mean'], '%')} "
-            f"mean" + (" · inferred from the queues" if e.get("inferred_from_queues") else "")]
-
-
-def _ev_stall(e: dict) -> list[str]:
-    out = ["stalls at steps " + ", ".join(_steps(s) for s in e.get("stalls", []))]
-    if e.get("head_blocked_by"):
-        out.append("head blocked by " + _reasons(e["head_blocked_by"]))
-    if e.get("head"):
-        out.append(f"head {e['head']} (prompt {count(e.get('head_prompt_len'))})")
-    return out
-
-
-def _ev_chunking(e: dict) -> list[str]:
-    return [f"e.g. {e['example']} ({count(e['example_prompt_len'])} tokens), steps {_steps(e.get('example_steps'))}"]
-
-
-def _ev_config(e: dict) -> list[str]:
-    out = [f"{d['setting']}: expected {figure(d['expected'])}, in force {figure(d['effective'])}" for d in e["differs"]]
-    if e.get("not_recorded"):
-        out.append("not recorded by engine_config (not checked): " + ", ".join(e["not_recorded"]))
-    for n in e.get("not_in_v1", []):
-        out.append(f"{n['setting']}: not a setting of vLLM V1 ({n['note']})")
-    return out
-
-
-def _ev_not_checked(e: dict) -> list[str]:
-    return []
-
-
-EVIDENCE: dict[str, Callable[[dict], list[str]]] = {
-    "preemption-storm": _ev_storm, "preemption-thrash": _ev_thrash, "head-of-line-blocking": _ev_hol,
-    "kv-bound": _ev_bound, "budget-bound": _ev_bound, "seqs-bound": _ev_bound, "stall": _ev_stall,
-    "chunking-without-benefit": _ev_chunking, "config-not-applied": _ev_config, "not-checked": _ev_not_checked,
-    "underloaded": _ev_underloaded,
-}
-
-
-def _first_step(f: Finding) -> int | None:
-    """A step to jump to for ``f`` (``tail --replay --from-step``)."""
-    e = f.evidence
-    for key in ("first_step", "step_range", "longest", "example_steps"):
-        v = e.get(key)
-        if isinstance(v, list) and v and isinstance(v[0], int):
-            return v[0]
-        if isinstance(v, int):
-            return v
-    if e.get("blocked"):
-        return e["blocked"][0]["steps"][0]
-    if e.get("requests") and e["requests"][0].get("steps"):
-        return e["requests"][0]["steps"][0]
-    return None
 
 
 def predicted_text(p: dict) -> str:
@@ -172,10 +61,11 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
     t.add_column(overflow="fold")
     head = Text.assemble((f" {SEVERITY_LABEL[f.severity]} ", SEVERITY_STYLE[f.severity]), "  ", (f.id, "bold"))
     rows: list[tuple[str, RenderableType]] = [("", Text(f.message))]
-    for i, ev_line in enumerate(EVIDENCE.get(f.id, _generic)(f.evidence)):
+    rule = RULES[f.id]
+    for i, ev_line in enumerate(rule.view(f)):
         rows.append(("evidence" if i == 0 else "", Text(ev_line)))
-    if "engine" in f.evidence:
-        rows.append(("engine", Text(f"data-parallel rank {f.evidence['engine']}")))
+    if f.engine is not None:
+        rows.append(("engine", Text(f"data-parallel rank {f.engine}")))
     r = f.remedy
     if r is not None:
         rows.append(("remedy", Text.assemble((f"{r.setting} = {figure(r.value)}", "bold green"))))
@@ -195,16 +85,12 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
                 line.append("  " + unmet_goal_text(p), style="yellow")
             rows.append(("predicted", line))
             rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
-    step = _first_step(f)
-    if step is not None and f.id != "not-checked":
+    step = rule.step(f)
+    if step is not None:
         rows.append(("see", Text(f"vllm-probe tail {run_dir} --replay --from-step {step}", style="dim")))
     for label, cell in rows:
         t.add_row(label, cell)
     return Group(head, t)
-
-
-def _generic(e: dict) -> list[str]:
-    return [" · ".join(f"{k} {v}" for k, v in e.items() if not isinstance(v, (dict, list)))] if e else []
 
 
 def render_report(report: Report, width: int = 120) -> RenderableType:

@@ -3,7 +3,8 @@
 :func:`examine` reads a run (recorded or simulated) once through the shared state with
 :class:`~vllm_probe.analysis.episodes.Episodes` attached, and applies the catalogue of
 :mod:`.rules`; :func:`diagnose` applies it to any state (the dashboard's findings panel
-calls it on the live state). Findings are :class:`~.findings.Finding` (worst first);
+calls it on the live state). Each rule is one :class:`~.rule.Rule` (``RULES[id]``: mechanism, thresholds, typed
+evidence, goal, knobs, arithmetic, view). Findings are :class:`~.findings.Finding` (worst first);
 ``--whatif`` predictions are attached by :mod:`.predict`.
 """
 
@@ -21,15 +22,15 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .rules import CATALOGUE, FINDING_IDS, Context
+from .rules import CATALOGUE, FINDING_IDS, RULES, Context
 
 __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
-           "diagnose", "examine", "has_critical", "FINDING_IDS", "expected_of_meta"]
+           "diagnose", "examine", "has_critical", "FINDING_IDS", "RULES", "expected_of_meta"]
 
 
 #: Findings that say the scheduler held requests back (``underloaded`` is dropped beside them).
 HELD_BACK = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
-             "budget-bound")
+             "budget-bound", "held-slots")
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,10 @@ def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bo
     checks = check_expected(expected.engine, state.config) if expected is not None and expected.engine else None
     ctx = Context(state, episodes, checks, expected.source if expected is not None else None, live)
     found: list[Finding] = []
-    for _, rule in CATALOGUE:
-        found.extend(rule(ctx))
+    for rule in CATALOGUE:
+        for f in rule.evaluate(ctx):
+            f.remedy = rule.arithmetic(ctx, f)
+            found.append(f)
     # "the scheduler is not the bottleneck" cannot stand beside a finding that it held requests back
     held_back = {f.engine for f in found if f.id in HELD_BACK and f.severity in (CRITICAL, WARNING)}
     found = [f for f in found if not (f.id == "underloaded" and (f.engine in held_back or None in held_back))]

@@ -43,6 +43,8 @@ class Context:
     expected_source: str | None = None
     live: bool = False
     not_checked: dict[str, str] = field(default_factory=dict)  # rule id -> why (filled by rules)
+    #: what one evaluation shares between rules (the bound findings are chosen once per engine core)
+    cache: dict[str, Any] = field(default_factory=dict)
 
 
 # A finding's message is part of ``--json``, so it is written here, not in a view; its
@@ -55,12 +57,55 @@ def fmt_count(v: int | float) -> str:
     return f"{int(v):,}"
 
 
+#: What an unknown figure reads as (tui.format.UNKNOWN).
+UNKNOWN = "-"
+
+
+def fmt_count_or(v: int | float | None) -> str:
+    """A count as tui.format.count reads it, None as :data:`UNKNOWN` (the views' lines)."""
+    return UNKNOWN if v is None else fmt_count(v)
+
+
+def fmt_duration(s: float | None) -> str:
+    """Seconds as tui.format.duration writes them (``850 ms``, ``2.31 s``, ``1m 05s``)."""
+    if s is None:
+        return UNKNOWN
+    if s < 0.01:
+        return f"{s * 1000:.1f} ms"
+    if s < 1.0:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.2f} s"
+    if s < 3600:
+        return f"{int(s // 60)}m {int(s % 60):02d}s"
+    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+
+
+def fmt_figure(value: Any, unit: str = "") -> str:
+    """A figure as tui.format.figure reads it, for the units the doctor's lines use
+    (``%``: a share 0..1; ``s``; else a count or number; booleans ``on``/``off``)."""
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str):
+        return value
+    if unit == "%":
+        return fmt_pct(value)
+    if unit == "s":
+        return fmt_duration(value)
+    if isinstance(value, int) or float(value).is_integer():
+        return fmt_count(value)
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def engine_evidence(ctx: Context, eng: EngineState) -> dict[str, Any]:
-    return {"engine": eng.engine} if len(ctx.state.engines) > 1 else {}
+def engine_of(ctx: Context, eng: EngineState) -> int | None:
+    """The evidence's ``engine``: the rank when the run has several engine cores, else None (left out)."""
+    return eng.engine if len(ctx.state.engines) > 1 else None
 
 
 def engines_of(ctx: Context) -> list[tuple[EngineState, EngineEpisodes]]:

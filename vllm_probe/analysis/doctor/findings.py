@@ -14,6 +14,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
+
+from .evidence import Evidence
+
 CRITICAL, WARNING, INFO = "critical", "warning", "info"
 #: Severities, worst first.
 SEVERITIES = (CRITICAL, WARNING, INFO)
@@ -58,8 +62,9 @@ class Finding:
         id: the rule's id from the catalogue (``preemption-storm`` …; a public interface).
         severity: ``critical``, ``warning`` or ``info``.
         message: one sentence with the run's numbers.
-        evidence: what to look at: step ranges (``[first, last]``, inclusive), request
-            ids, counts; ``engine`` (data-parallel rank) when the run has several.
+        evidence: what to look at, typed per rule (:mod:`.evidence`): step ranges
+            (``[first, last]``, inclusive), request ids, counts; ``engine``
+            (data-parallel rank) when the run has several.
         remedy: what to change (None: no setting helps, or none is needed).
         predicted: with ``--whatif``: ``{"settings", "run_dir", "figures": {name:
             {"recorded", "predicted", "unit"}}, "resolved", "baseline_error"}``
@@ -69,18 +74,21 @@ class Finding:
     id: str
     severity: str
     message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
     remedy: Remedy | None = None
     predicted: dict[str, Any] | None = None
+    #: what the rule's arithmetic reads beside the evidence (the engine core's state and
+    #: episodes, the figures it computed): not part of ``--json``
+    basis: Any = field(default=None, repr=False, compare=False)
 
     @property
     def engine(self) -> int | None:
-        """The data-parallel rank the finding is about (``evidence["engine"]``); None: the
+        """The data-parallel rank the finding is about (``evidence.engine``); None: the
         whole run."""
-        return self.evidence.get("engine")
+        return self.evidence.engine
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "severity": self.severity, "message": self.message, "evidence": self.evidence,
+        return {"id": self.id, "severity": self.severity, "message": self.message, "evidence": msgspec.to_builtins(self.evidence),
                 "remedy": self.remedy.to_dict() if self.remedy is not None else None, "predicted": self.predicted}
 
 

@@ -13,9 +13,10 @@ from ..engine_state import EngineState
 from ..episodes import EngineEpisodes
 from ..figures import Distribution, budget_use_counts
 from .context import (
-    SRC_FULL_ISL, SRC_SGLANG, SRC_VLLM_CHUNKED, SRC_VLLM_PREEMPTION, Context, cdiv, engine_evidence, engines_of,
+    SRC_FULL_ISL, SRC_SGLANG, SRC_VLLM_CHUNKED, SRC_VLLM_PREEMPTION, Context, cdiv, engine_of, engines_of,
     fmt_count, fmt_pct, rounded,
 )
+from .evidence import BoundEvidence
 from .findings import INFO, WARNING, Finding, Remedy
 
 # -- thresholds ----------------------------------------------------------------------------
@@ -148,12 +149,12 @@ def bound(ctx: Context) -> list[Finding]:
         share = agg.steps / waited if waited else 0.0
         if not agg.steps or share < BOUND_SHARE:
             continue
-        evidence = {**engine_evidence(ctx, eng), "steps": agg.steps, "waiting_steps": waited,
-                    "total_steps": eng.steps, "share_of_waiting_steps": round(share, 4),
-                    "step_range": [agg.first_step, agg.last_step], "running_max": agg.running_max,
-                    "running_mean": round(agg.running_mean, 2), "waiting_max": agg.waiting_max,
-                    "waiting_mean": round(agg.waiting_mean, 2), "kv_usage_mean": round(agg.kv_mean, 4),
-                    "max_num_seqs": cfg.max_num_seqs, "inferred_from_queues": inferred}
+        evidence = BoundEvidence(
+            engine=engine_of(ctx, eng), steps=agg.steps, waiting_steps=waited, total_steps=eng.steps,
+            share_of_waiting_steps=round(share, 4), step_range=[agg.first_step, agg.last_step],
+            running_max=agg.running_max, running_mean=round(agg.running_mean, 2), waiting_max=agg.waiting_max,
+            waiting_mean=round(agg.waiting_mean, 2), kv_usage_mean=round(agg.kv_mean, 4),
+            max_num_seqs=cfg.max_num_seqs, inferred_from_queues=inferred)
         head = (f"in {fmt_count(agg.steps)} of {fmt_count(eng.steps)} steps ({fmt_pct(agg.steps / eng.steps)}) requests waited")
         if fid == "kv-bound":
             full = agg.kv_mean >= KV_FULL
@@ -166,29 +167,55 @@ def bound(ctx: Context) -> list[Finding]:
                         f"{fmt_pct(1 - agg.kv_mean)} of the cache free")
             concurrency = _vllm_concurrency(cfg)
             if concurrency is not None:
-                evidence["vllm_max_concurrency"] = round(concurrency, 2)
+                evidence.vllm_max_concurrency = round(concurrency, 2)
                 if agg.running_max > concurrency * 1.5:
                     msg += (f"; vLLM's start-up line \"Maximum concurrency {concurrency:.2f}x\" assumes every request "
                             f"fills max_model_len, this run ran {agg.running_max} at once")
-            out.append(Finding("kv-bound", WARNING, msg, evidence, _kv_bound_remedy(eng, ep, agg)
-                               or kv_remedy(eng, ep)))
+            out.append(Finding("kv-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
         elif fid == "budget-bound":
             use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
-            evidence["budget_use_median"] = rounded(use.median)
+            evidence.budget_use_median = rounded(use.median)
             msg = (f"The token budget held the run back: {head} with the budget of {fmt_count(cfg.max_num_batched_tokens)} "
                    f"tokens used up (median step {fmt_pct(use.median or 0)} of it); up to {agg.waiting_max} waited")
-            want = cfg.max_num_batched_tokens * 2
-            out.append(Finding("budget-bound", INFO, msg, evidence, Remedy(
-                "max_num_batched_tokens", want,
-                f"twice the budget ({fmt_count(cfg.max_num_batched_tokens)} × 2): each step prefills twice as many waiting "
-                f"prompt tokens", "larger steps: running decodes wait longer per token (inter-token latency)",
-                SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})))
+            out.append(Finding("budget-bound", INFO, msg, evidence, basis=(eng, ep, agg)))
         else:
             msg = (f"max_num_seqs held the run back: {head} with the running queue full "
                    f"({agg.running_max} of {cfg.max_num_seqs}) while up to {agg.waiting_max} waited, KV cache "
                    f"{fmt_pct(agg.kv_mean)} used on average")
-            out.append(Finding("seqs-bound", WARNING, msg, evidence, _seqs_remedy(eng, ep, agg)))
+            out.append(Finding("seqs-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
     return out
+
+
+def bound_of(ctx: Context, finding_id: str) -> list[Finding]:
+    """The findings of :func:`bound` with id ``finding_id`` (bound runs once per evaluation:
+    one limit per engine core)."""
+    found = ctx.cache.get("bound")
+    if found is None:
+        found = ctx.cache["bound"] = bound(ctx)
+    return [f for f in found if f.id == finding_id]
+
+
+def kv_bound_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """Blocks for every request that ran or waited at once, else :func:`kv_remedy`."""
+    eng, ep, agg = f.basis
+    return _kv_bound_remedy(eng, ep, agg) or kv_remedy(eng, ep)
+
+
+def budget_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """Twice the budget."""
+    eng = f.basis[0]
+    cfg = eng.config
+    want = cfg.max_num_batched_tokens * 2
+    return Remedy(
+        "max_num_batched_tokens", want,
+        f"twice the budget ({fmt_count(cfg.max_num_batched_tokens)} × 2): each step prefills twice as many waiting "
+        f"prompt tokens", "larger steps: running decodes wait longer per token (inter-token latency)",
+        SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
+
+
+def seqs_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """max_num_seqs up by what the free KV blocks held while the queue was full."""
+    return _seqs_remedy(*f.basis)
 
 
 def _vllm_concurrency(cfg: Any) -> float | None:

@@ -72,7 +72,9 @@ class Goal:
         if self.reduce_by is not None:
             if recorded is None:
                 return None
-            ok = ok and predicted <= (1.0 - self.reduce_by) * recorded
+            # a relative tolerance: 10 preemptions reduced by 0.9 must accept 1 ((1 - 0.9) * 10
+            # is 0.9999999999999998 in floating point)
+            ok = ok and predicted <= (1.0 - self.reduce_by) * recorded + 1e-9 * max(1.0, abs(recorded))
         return ok
 
 
@@ -115,6 +117,10 @@ class Rule:
             numbers alone: where the search starts, and the answer with ``--no-replay``
             (marked unchecked).
         view: ``Finding -> list[str]``: the lines a text view shows under the message.
+        step: ``Finding -> int | None``: a step to look at first (``tail --replay
+            --from-step``); None: none.
+        severity: the severities its findings can have, worst first (the catalogue's
+            documentation; a finding carries its own).
     """
 
     id: str
@@ -126,3 +132,5 @@ class Rule:
     knobs: tuple[Knob, ...] = ()
     arithmetic: Callable[[Context, Finding], Remedy | None] = field(default=lambda ctx, f: None)
     view: Callable[[Finding], list[str]] = field(default=lambda f: [])
+    step: Callable[[Finding], int | None] = field(default=lambda f: None)
+    severity: tuple[str, ...] = ("warning",)

@@ -1,5 +1,9 @@
-"""The doctor's catalogue: one rule per finding id, each a function of the run's state and
-episodes returning findings; the thresholds as named constants with their source.
+"""The doctor's catalogue: one :class:`~.rule.Rule` per finding id (:data:`CATALOGUE`, in
+report order; :data:`RULES` by id): its mechanism in vLLM's code, its thresholds (the named
+constants below, with unit and source), ``evaluate`` (the run's state and episodes →
+findings with typed evidence, :mod:`.evidence`), its goal and knobs (what ``advice/``
+searches), the remedy arithmetic and the lines a view shows.
+``python -m vllm_probe.analysis.doctor.rules`` prints docs/doctor.md's rule reference.
 
 Every rule reads the one state (:class:`~vllm_probe.analysis.state.RunState`), its
 timeline and the :class:`~vllm_probe.analysis.episodes.Episodes` that followed it, so the
@@ -17,17 +21,33 @@ this project (docs/doctor.md gives the runs).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import sys
+from dataclasses import dataclass
+from typing import Any
 
-from ..episodes import SHORT_PROMPT_SHARE, EngineEpisodes, Wait
+import msgspec
+
+from ..episodes import QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
 from ..expected import DIFFERS, NOT_RECORDED, NOT_V1
 from ..figures import Distribution, budget_use_counts
+from . import limits
 from .context import (
-    SRC_ASYNC, SRC_SEED_5, SRC_SEED_34, SRC_VLLM_CHUNKED, Context, cdiv, engine_evidence, engines_of, fmt_count,
-    fmt_pct, pct_range, round_up, rounded, wrote,
+    SRC_ASYNC, SRC_SEED_5, SRC_SEED_34, SRC_SGLANG, SRC_VLLM_CHUNKED, SRC_VLLM_PREEMPTION, Context, cdiv,
+    engine_of, engines_of, fmt_count, fmt_count_or, fmt_duration, fmt_figure, fmt_pct, pct_range, round_up, rounded,
+    wrote,
+)
+from .evidence import (
+    BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
+    NotCheckedEvidence,
+    NotInV1, SettingDiffers, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
+    field_docs,
 )
 from .findings import CRITICAL, INFO, WARNING, Finding, Remedy
-from .limits import bound, kv_remedy, waiting_steps
+from .limits import (
+    BOUND_MIN_WAITING_SHARE, BOUND_SHARE, KV_FULL, bound_of, budget_remedy, kv_bound_remedy, kv_remedy, seqs_remedy,
+    waiting_steps,
+)
+from .rule import Goal, Knob, Rule, Threshold
 
 # -- thresholds ----------------------------------------------------------------------------
 
@@ -67,6 +87,12 @@ HOL_TAKERS_SHOWN = 8
 STALL_MIN_STEPS = 3
 #: ... critical when the log ends inside a stall at least this long (the queue never drained).
 STALL_CRITICAL_STEPS = 50
+#: held-slots: at least this many held steps (an async step whose full running queue holds
+#: slots for requests whose last token is in flight while requests wait) ...
+HELD_MIN_STEPS = 3
+#: ... and at least this share of the async engine's steps with requests waiting (below it
+#: the held slots are incidental: a finished request frees its slot one step later anyway).
+HELD_MIN_SHARE = 0.2
 #: chunking-without-benefit is a warning when the steps chunking added are at least this
 #: share of the run (else info).
 CHUNK_ALONE_WARN_SHARE = 0.05
@@ -96,8 +122,8 @@ def preemption_storm(ctx: Context) -> list[Finding]:
         share = eng.discarded_tokens / work if work else 0.0
         if (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
             continue
-        busiest = [{"step": step, "preempted": victims} for step, victims in ep.preempting_steps.items()[:3]]
-        first = ep.first_preempt[0] if ep.first_preempt else (busiest[0]["step"] if busiest else None)
+        busiest = [BusiestStep(step, victims) for step, victims in ep.preempting_steps.items()[:3]]
+        first = ep.first_preempt[0] if ep.first_preempt else (busiest[0].step if busiest else None)
         rate = (f"in {fmt_count(eng.steps)} steps ({per_100:.1f} per 100 steps, {fmt_count(eng.requests_preempted)} requests)"
                 if per_100 is not None else f"({fmt_count(eng.requests_preempted)} requests)")
         of_what = ("of the tokens the engine computed" if eng.scheduled_tokens else
@@ -107,12 +133,14 @@ def preemption_storm(ctx: Context) -> list[Finding]:
                   if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
         out.append(Finding(
             "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
-            {**engine_evidence(ctx, eng), "preemptions": n, "requests": eng.requests_preempted,
-             "per_100_steps": round(per_100, 2) if per_100 is not None else None, "discarded_tokens": eng.discarded_tokens, "computed_tokens": work,
-             "discarded_share": round(share, 4), "first_step": first, "busiest_steps": busiest,
-             "peak_kv_demand_blocks": ep.peak_demand_blocks or None, "peak_running": ep.peak_running or None,
-             "usable_kv_blocks": (eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None},
-            kv_remedy(eng, ep)))
+            StormEvidence(
+                engine=engine_of(ctx, eng), preemptions=n, requests=eng.requests_preempted,
+                per_100_steps=round(per_100, 2) if per_100 is not None else None,
+                discarded_tokens=eng.discarded_tokens, computed_tokens=work, discarded_share=round(share, 4),
+                first_step=first, busiest_steps=busiest, peak_kv_demand_blocks=ep.peak_demand_blocks or None,
+                peak_running=ep.peak_running or None,
+                usable_kv_blocks=(eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None),
+            basis=(eng, ep)))
     return out
 
 
@@ -156,15 +184,16 @@ def preemption_thrash(ctx: Context) -> list[Finding]:
                    + (f" against its {fmt_count(worst.prompt_len)}-token prompt ({ratio:.1f}×)" if ratio is not None else ""))
         if len(cands) > (2 if pair else 1):
             msg += f"; {len(cands) - (2 if pair else 1)} more request(s) preempted repeatedly"
-        evidence = {**engine_evidence(ctx, eng), "requests": [
-            {"req_id": r.req_id, "preemptions": r.preemptions, "steps": r.steps, "discarded_tokens": r.discarded_tokens,
-             "prompt_len": r.prompt_len, "finished": r.finished} for r in cands[:THRASH_LISTED]],
-            "repeated_requests": len(cands)}
+        evidence = ThrashEvidence(
+            engine=engine_of(ctx, eng),
+            requests=[ThrashRequest(r.req_id, r.preemptions, list(r.steps), r.discarded_tokens, r.prompt_len, r.finished)
+                      for r in cands[:THRASH_LISTED]],
+            repeated_requests=len(cands))
         if pair is not None:
-            evidence["pair"] = [worst.req_id, pair[0].req_id]
-            evidence["alternations"] = pair[1]
+            evidence.pair = [worst.req_id, pair[0].req_id]
+            evidence.alternations = pair[1]
         severity = CRITICAL if worst.preemptions >= THRASH_CRITICAL_PREEMPTIONS else WARNING
-        out.append(Finding("preemption-thrash", severity, msg, evidence, kv_remedy(eng, ep)))
+        out.append(Finding("preemption-thrash", severity, msg, evidence, basis=(eng, ep)))
     return out
 
 
@@ -228,51 +257,73 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
                f"(steps {first}-{last}); queue time was {pct_range(shares)} of their time to first token")
         if ep.blocked_short_count > len(waits):
             msg += f" ({ep.blocked_short_count} short requests waited mostly in the queue in all)"
-        # the long requests ran before the short ones arrived (a running long prefill: a chunk
-        # cap lets the short ones in beside it) or were queued ahead of them (then only a larger
-        # budget, or priority, gets the short ones in sooner)
         starts = ep.first_chunk_steps(names)
-        arrived = min(w.arrival_step for w in waits)
-        running_before = all(s is not None and s < arrived for s in starts)
-        short_total = sum(w.prompt_len or 0 for w in waits)
-        if running_before:
-            cap = max(budget - short_total, budget // 2)
-            remedy = Remedy(
-                "long_prefill_token_threshold", cap,
-                f"budget {fmt_count(budget)} − the waiting short prompts ({fmt_count(short_total)} tokens) = {fmt_count(budget - short_total)}"
-                f" (at least half the budget) → long_prefill_token_threshold {fmt_count(cap)} caps the long prefill chunks so "
-                f"the short requests fit beside them (vLLM 0.31+: applied when more than one request is eligible)",
-                "the long prompts take more steps to prefill (their own TTFT grows)", SRC_VLLM_CHUNKED,
-                whatif={"long_prefill_token_threshold": cap})
-        else:
-            # running requests decode one token each in the same step: the budget holds them too
-            decodes = max((sp.running_max for sp in eng.timeline if sp.first_step <= last and sp.last_step >= first),
-                          default=0)
-            # whole prompts, not the tokens they took here: in one larger step the long
-            # prompts are prefilled together, before any of them can hit the prefix cache
-            long_total = sum(plen or tokens for tokens, plen in takers.values())
-            want = round_up(long_total + short_total + decodes, 256)
-            remedy = Remedy(
-                "max_num_batched_tokens", want,
-                f"the short requests waited behind the prefills of long requests queued ahead of them; their prompts "
-                f"({fmt_count(long_total)} tokens) + the short ones' {fmt_count(short_total)} + {fmt_count(decodes)} "
-                f"decode token{'s' if decodes != 1 else ''} of the requests running meanwhile, rounded up to 256 → "
-                f"max_num_batched_tokens {fmt_count(want)} admits them in the same step",
-                "larger steps: running decodes wait longer per token (inter-token latency)", SRC_VLLM_CHUNKED,
-                whatif={"max_num_batched_tokens": want},
-                alternatives=[{"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
-                               "arithmetic": "send short requests with a higher priority (a lower priority value)"}])
-        out.append(Finding("head-of-line-blocking", WARNING, msg, {
-            **engine_evidence(ctx, eng),
-            "blocked": [{"req_id": w.req_id, "prompt_len": w.prompt_len, "waited_steps": w.steps,
-                         "steps": [w.arrival_step, w.first_step - 1], "queue_s": rounded(w.queue_s), "ttft_s": rounded(w.ttft_s),
-                         "queue_share": rounded(w.queue_share), "head_blocked_by": w.reasons} for w in waits],
-            "takers": [{"req_id": rid, "prompt_len": takers[rid][1], "prefill_tokens": takers[rid][0],
-                        "first_chunk_step": st} for rid, st in zip(names, starts)],
-            "taken_share": round(taken / total, 4),
-            "short_requests_blocked": ep.blocked_short_count,
-            "complete": all(v[4] for v in victims)}, remedy))
+        out.append(Finding("head-of-line-blocking", WARNING, msg, HolEvidence(
+            engine=engine_of(ctx, eng),
+            blocked=[HolBlocked(w.req_id, w.prompt_len, w.steps, [w.arrival_step, w.first_step - 1], rounded(w.queue_s),
+                                rounded(w.ttft_s), rounded(w.queue_share), dict(w.reasons)) for w in waits],
+            takers=[HolTaker(rid, takers[rid][1], takers[rid][0], st) for rid, st in zip(names, starts)],
+            taken_share=round(taken / total, 4), short_requests_blocked=ep.blocked_short_count,
+            complete=all(v[4] for v in victims)),
+            basis=HolBasis(eng, budget, waits, takers, names, starts, first, last)))
     return out
+
+
+@dataclass
+class HolBasis:
+    """What head-of-line-blocking's arithmetic reads: the engine core, its budget, the
+    waits, the long takers ``{req_id: (tokens, prompt_len)}``, their names and first
+    chunk steps, and the steps of the waits."""
+
+    eng: Any
+    budget: int
+    waits: list[Wait]
+    takers: dict[str, tuple[int, int | None]]
+    names: list[str]
+    starts: list[int | None]
+    first: int
+    last: int
+
+
+def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """The chunk cap when the long prefills were already running, else the budget that
+    admits them and the short ones in one step (or priorities)."""
+    b: HolBasis = f.basis
+    eng, budget, waits, takers, starts, first, last = b.eng, b.budget, b.waits, b.takers, b.starts, b.first, b.last
+    # the long requests ran before the short ones arrived (a running long prefill: a chunk
+    # cap lets the short ones in beside it) or were queued ahead of them (then only a larger
+    # budget, or priority, gets the short ones in sooner)
+    arrived = min(w.arrival_step for w in waits)
+    running_before = all(s is not None and s < arrived for s in starts)
+    short_total = sum(w.prompt_len or 0 for w in waits)
+    if running_before:
+        cap = max(budget - short_total, budget // 2)
+        remedy = Remedy(
+            "long_prefill_token_threshold", cap,
+            f"budget {fmt_count(budget)} − the waiting short prompts ({fmt_count(short_total)} tokens) = {fmt_count(budget - short_total)}"
+            f" (at least half the budget) → long_prefill_token_threshold {fmt_count(cap)} caps the long prefill chunks so "
+            f"the short requests fit beside them (vLLM 0.31+: applied when more than one request is eligible)",
+            "the long prompts take more steps to prefill (their own TTFT grows)", SRC_VLLM_CHUNKED,
+            whatif={"long_prefill_token_threshold": cap})
+    else:
+        # running requests decode one token each in the same step: the budget holds them too
+        decodes = max((sp.running_max for sp in eng.timeline if sp.first_step <= last and sp.last_step >= first),
+                      default=0)
+        # whole prompts, not the tokens they took here: in one larger step the long
+        # prompts are prefilled together, before any of them can hit the prefix cache
+        long_total = sum(plen or tokens for tokens, plen in takers.values())
+        want = round_up(long_total + short_total + decodes, 256)
+        remedy = Remedy(
+            "max_num_batched_tokens", want,
+            f"the short requests waited behind the prefills of long requests queued ahead of them; their prompts "
+            f"({fmt_count(long_total)} tokens) + the short ones' {fmt_count(short_total)} + {fmt_count(decodes)} "
+            f"decode token{'s' if decodes != 1 else ''} of the requests running meanwhile, rounded up to 256 → "
+            f"max_num_batched_tokens {fmt_count(want)} admits them in the same step",
+            "larger steps: running decodes wait longer per token (inter-token latency)", SRC_VLLM_CHUNKED,
+            whatif={"max_num_batched_tokens": want},
+            alternatives=[{"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
+                           "arithmetic": "send short requests with a higher priority (a lower priority value)"}])
+    return remedy
 
 
 def stall(ctx: Context) -> list[Finding]:
@@ -293,8 +344,10 @@ def stall(ctx: Context) -> list[Finding]:
         never = (not ctx.live and open_stall is not None and open_stall.last_step == eng.last_step
                  and open_stall.steps >= STALL_CRITICAL_STEPS)
         cause_reason = max(reasons, key=reasons.get) if reasons else None
+        if cause_reason == "deferred" and _held_fires(ep):
+            continue  # held-slots names the mechanism (0-token steps are one machine's shape of it)
         head, head_len = (first.head, first.head_prompt_len) if first is not None else (None, None)
-        remedy = None
+        basis: tuple = ()
         if open_stall is not None and open_stall.head:
             head, head_len = open_stall.head, open_stall.head_prompt_len
         cause = {"kv_cache": "the head did not fit the KV cache", "deferred": "admission was deferred",
@@ -310,31 +363,119 @@ def stall(ctx: Context) -> list[Finding]:
             if need > usable:
                 msg += (f"; the head {head} needs {need} blocks for its {fmt_count(head_len)}-token prompt and the KV cache "
                         f"has {usable}: it can never fit")
-                remedy = Remedy(
-                    "num_gpu_blocks_override", need + 1,
-                    f"{head}'s prompt: ⌈{fmt_count(head_len)} / {cfg.block_size}⌉ = {need} blocks + 1 reserved → "
-                    f"num_gpu_blocks_override ≥ {need + 1}; or max_model_len ≤ {fmt_count(usable * cfg.block_size)} so that "
-                    f"vLLM rejects such prompts at once", "more KV blocks take device memory",
-                    "vLLM issue #39734: a request that fits max_model_len but never the KV cache stalls the queue",
-                    whatif={"num_kv_blocks": need + 1})
+                basis = ("never_fits", head, head_len, need, usable, cfg.block_size)
         if cause_reason == "deferred" and cfg is not None and (cfg.async_scheduling or
                                                                cfg.scheduler_class == "AsyncScheduler"):
             msg += ("; under async scheduling a finished request keeps its slot one more step, so with short "
                     "outputs every other step admits nobody (raising max_num_seqs does not change it)")
-            remedy = Remedy("async_scheduling", False,
-                            "the 0-token steps come from the slot held for the in-flight last token; without async "
-                            "scheduling the slot frees in the same step",
-                            "without async scheduling the next step is not prepared while the GPU runs this one",
-                            SRC_ASYNC)
+            basis = ("async",)
         if never:
             msg += f"; the queue never drained (the log ends {open_stall.steps} steps into it)"
-        out.append(Finding("stall", CRITICAL if never else WARNING, msg, {
-            **engine_evidence(ctx, eng), "stall_steps": runs.steps,
-            "first_step": first.first_step if first else None,
-            "longest": [longest.first_step, longest.last_step], "head_blocked_by": reasons, "head": head,
-            "head_prompt_len": head_len, "never_drained": never,
-            "stalls": [[s.first_step, s.last_step] for s in stalls[:5]]}, remedy))
+        out.append(Finding("stall", CRITICAL if never else WARNING, msg, StallEvidence(
+            engine=engine_of(ctx, eng), stall_steps=runs.steps, first_step=first.first_step if first else None,
+            longest=[longest.first_step, longest.last_step], head_blocked_by=reasons, head=head,
+            head_prompt_len=head_len, never_drained=never,
+            stalls=[[s.first_step, s.last_step] for s in stalls[:5]]), basis=basis))
     return out
+
+
+def stall_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """A head that can never fit: blocks for its prompt; under async scheduling: async off."""
+    if not f.basis:
+        return None
+    if f.basis[0] == "async":
+        return Remedy("async_scheduling", False,
+                      "the 0-token steps come from the slot held for the in-flight last token; without async "
+                      "scheduling the slot frees in the same step",
+                      "without async scheduling the next step is not prepared while the GPU runs this one",
+                      SRC_ASYNC)
+    _, head, head_len, need, usable, block = f.basis
+    return Remedy(
+        "num_gpu_blocks_override", need + 1,
+        f"{head}'s prompt: ⌈{fmt_count(head_len)} / {block}⌉ = {need} blocks + 1 reserved → "
+        f"num_gpu_blocks_override ≥ {need + 1}; or max_model_len ≤ {fmt_count(usable * block)} so that "
+        f"vLLM rejects such prompts at once", "more KV blocks take device memory",
+        "vLLM issue #39734: a request that fits max_model_len but never the KV cache stalls the queue",
+        whatif={"num_kv_blocks": need + 1})
+
+
+def _held_fires(ep: EngineEpisodes) -> bool:
+    """Whether held-slots' thresholds are met on this engine core."""
+    h = ep.held
+    return h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
+
+
+def held_slots(ctx: Context) -> list[Finding]:
+    """Under AsyncScheduler: requests wait while running slots are held by requests whose
+    last token is in flight (:class:`~vllm_probe.analysis.episodes.HeldSlots`)."""
+    out = []
+    for eng, ep in engines_of(ctx):
+        h = ep.held
+        if not wrote(eng, "log_schedule_each_step"):
+            continue  # not-checked names the step rules
+        if not _held_fires(ep):
+            continue
+        cfg = eng.config
+        share = h.steps / h.waiting_steps
+        mean = h.tokens_sum / h.steps
+        msg = (f"Under async scheduling, in {fmt_count(h.steps)} of {fmt_count(h.waiting_steps)} steps "
+               f"({fmt_pct(share)}) with requests waiting, the running queue was full ({h.running_max} of max_num_seqs "
+               f"{cfg.max_num_seqs}) while up to {h.held_max} of its slots were held by requests whose last token was "
+               f"in flight: a finished request frees its slot one step later, so up to {fmt_count(h.waiting_max)} "
+               f"waited (steps {h.first_step}-{h.last_step}; the held steps scheduled {fmt_count(h.tokens_min)} to "
+               f"{fmt_count(h.tokens_max)} tokens)")
+        out.append(Finding("held-slots", WARNING, msg, HeldSlotsEvidence(
+            engine=engine_of(ctx, eng), held_steps=h.steps, waiting_steps=h.waiting_steps,
+            share_of_waiting_steps=round(share, 4), held_slot_steps=h.slot_steps, held_max=h.held_max,
+            step_range=[h.first_step, h.last_step], max_num_seqs=cfg.max_num_seqs, running_max=h.running_max,
+            waiting_max=h.waiting_max, tokens_min=h.tokens_min, tokens_max=h.tokens_max, tokens_mean=round(mean, 2),
+            head_blocked_by=dict(h.reasons), scheduler_class=cfg.scheduler_class), basis=(eng, ep)))
+    return out
+
+
+def held_slots_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """``async_scheduling`` off; or ``max_num_seqs`` up by the most slots held, within what
+    the KV cache holds at full length."""
+    e: HeldSlotsEvidence = f.evidence
+    eng, ep = f.basis
+    cfg = eng.config
+    alternatives = []
+    seqs = cfg.max_num_seqs or 0
+    want = seqs + e.held_max
+    cap = _seqs_cap(eng, ep)
+    if cap is not None:
+        want = min(want, cap)
+    if want > seqs:
+        alternatives.append({
+            "setting": "max_num_seqs", "value": want, "whatif": {"max_num_seqs": want},
+            "arithmetic": f"max_num_seqs {seqs} + the {e.held_max} slots held at most = {seqs + e.held_max}"
+                          + (f", at most the {cap} requests the KV cache holds at full length" if cap is not None
+                             and cap < seqs + e.held_max else "")
+                          + ": the held slots no longer fill the running queue"})
+    return Remedy(
+        "async_scheduling", False,
+        f"{fmt_count(e.held_slot_steps)} slot-steps held in {fmt_count(e.held_steps)} steps by requests whose last "
+        f"token was in flight; without async scheduling a finished request leaves the running queue before the next "
+        f"step is scheduled (vLLM 0.32 scheduler.py:2294-2295 runs before schedule())",
+        "without async scheduling the next step is not prepared while the model runs this one (higher inter-token "
+        "latency on a GPU)", SRC_ASYNC, whatif={"async_scheduling": False}, alternatives=alternatives)
+
+
+def _seqs_cap(eng: Any, ep: EngineEpisodes) -> int | None:
+    """The requests the KV cache holds at once at full length (prompt + max_tokens): usable
+    blocks // the largest request's blocks at full length; None when unknown."""
+    cfg = eng.config
+    if cfg is None or not cfg.num_kv_blocks or not ep.full_blocks_max:
+        return None
+    return max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1)
+
+
+def view_held(f: Finding) -> list[str]:
+    e: HeldSlotsEvidence = f.evidence
+    return [f"held steps {_steps(e.step_range)} · slots held max {e.held_max} ({fmt_count(e.held_slot_steps)} slot-steps) · "
+            f"running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max {e.waiting_max}",
+            f"tokens per held step {fmt_count(e.tokens_min)}–{fmt_count(e.tokens_max)} (mean {e.tokens_mean:,.0f}) · "
+            f"head blocked by {_reasons(e.head_blocked_by)} · {e.scheduler_class or 'scheduler not recorded'}"]
 
 
 def chunking_without_benefit(ctx: Context) -> list[Finding]:
@@ -352,16 +493,25 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
                f"({fmt_pct(share)} of the run) and "
                f"{fmt_count(c.reread_tokens)} KV tokens read again; the longest, {c.example} "
                f"({fmt_count(c.longest_prompt)} tokens, steps {c.example_steps[0]}-{c.example_steps[1]})")
-        out.append(Finding("chunking-without-benefit", WARNING if share >= CHUNK_ALONE_WARN_SHARE else INFO, msg, {
-            **engine_evidence(ctx, eng), "prompts": c.prompts, "extra_steps": c.extra_steps, "share_of_steps": round(share, 4),
-            "reread_kv_tokens": c.reread_tokens, "example": c.example, "example_prompt_len": c.longest_prompt,
-            "example_steps": list(c.example_steps) if c.example_steps else None},
-            Remedy("max_num_batched_tokens", want,
-                   f"the longest such prompt ({fmt_count(c.longest_prompt)} tokens), rounded up to 256 → "
-                   f"max_num_batched_tokens {fmt_count(want)} prefills it in one step",
-                   "when requests do decode alongside, a larger budget makes their steps longer (inter-token latency)",
-                   SRC_SEED_34 + "; " + SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})))
+        out.append(Finding("chunking-without-benefit", WARNING if share >= CHUNK_ALONE_WARN_SHARE else INFO, msg,
+                           ChunkingEvidence(
+                               engine=engine_of(ctx, eng), prompts=c.prompts, extra_steps=c.extra_steps,
+                               share_of_steps=round(share, 4), reread_kv_tokens=c.reread_tokens, example=c.example,
+                               example_prompt_len=c.longest_prompt,
+                               example_steps=list(c.example_steps) if c.example_steps else None),
+                           basis=want))
     return out
+
+
+def chunking_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """A budget that holds the longest such prompt, rounded up to 256."""
+    e: ChunkingEvidence = f.evidence
+    want = f.basis
+    return Remedy("max_num_batched_tokens", want,
+                  f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens), rounded up to 256 → "
+                  f"max_num_batched_tokens {fmt_count(want)} prefills it in one step",
+                  "when requests do decode alongside, a larger budget makes their steps longer (inter-token latency)",
+                  SRC_SEED_34 + "; " + SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
 
 
 def config_not_applied(ctx: Context) -> list[Finding]:
@@ -379,14 +529,20 @@ def config_not_applied(ctx: Context) -> list[Finding]:
            + " (command-line flags and engine arguments win over config files)")
     first = differs[0]
     whatif = {_WHATIF_NAME.get(c.setting, c.setting): c.expected for c in differs if c.setting in _WHATIF_NAME}
-    return [Finding("config-not-applied", WARNING, msg, {
-        "source": src, "differs": [{"setting": c.setting, "expected": c.expected, "effective": c.effective} for c in differs],
-        "not_recorded": [c.setting for c in unrecorded],
-        "not_in_v1": [{"setting": c.setting, "note": c.note} for c in ctx.expected if c.status == NOT_V1]},
-        Remedy(first.setting, first.expected,
-               "pass " + ", ".join(f"--{c.setting.replace('_', '-')} {_arg(c.expected)}" for c in differs)
-               + " on the command line (or in the engine arguments the server reads)",
-               "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif))]
+    return [Finding("config-not-applied", WARNING, msg, ConfigEvidence(
+        source=src, differs=[SettingDiffers(c.setting, c.expected, c.effective) for c in differs],
+        not_recorded=[c.setting for c in unrecorded],
+        not_in_v1=[NotInV1(c.setting, c.note) for c in ctx.expected if c.status == NOT_V1]),
+        basis=(first, differs, whatif))]
+
+
+def config_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """The settings the file meant, passed where they win (the command line)."""
+    first, differs, whatif = f.basis
+    return Remedy(first.setting, first.expected,
+                  "pass " + ", ".join(f"--{c.setting.replace('_', '-')} {_arg(c.expected)}" for c in differs)
+                  + " on the command line (or in the engine arguments the server reads)",
+                  "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif)
 
 
 #: vLLM engine argument -> ``vllm-probe whatif --set`` name.
@@ -431,8 +587,8 @@ def underloaded(ctx: Context) -> list[Finding]:
                            f"{waited_text} and the median step used "
                            f"{fmt_pct(use.median)} of the {fmt_count(eng.config.max_num_batched_tokens if eng.config else 0)}-token "
                            f"budget: the scheduler is not the bottleneck ({why})",
-                           {**engine_evidence(ctx, eng), "waiting_steps": waited, "total_steps": eng.steps,
-                            "budget_use_median": rounded(use.median), "burst": bool(burst)}))
+                           UnderloadedEvidence(engine=engine_of(ctx, eng), waiting_steps=waited, total_steps=eng.steps,
+                                               budget_use_median=rounded(use.median), burst=bool(burst))))
     return out
 
 
@@ -458,21 +614,443 @@ def not_checked(ctx: Context) -> list[Finding]:
         by_why.setdefault(why, []).append(rule_id)
     return [Finding("not-checked", INFO, "Not checked: " + "; ".join(f"{', '.join(ids)}: {why}"
                                                                      for why, ids in by_why.items()),
-                    {"rules": dict(ctx.not_checked)})]
+                    NotCheckedEvidence(rules=dict(ctx.not_checked)))]
 
 
-#: The catalogue, in report order within a severity. Each rule: ``Context -> [Finding]``.
-CATALOGUE: tuple[tuple[str, Callable[[Context], list[Finding]]], ...] = (
-    ("stall", stall),
-    ("preemption-thrash", preemption_thrash),
-    ("preemption-storm", preemption_storm),
-    ("head-of-line-blocking", head_of_line_blocking),
-    ("kv-bound", bound),  # also budget-bound and seqs-bound: one limit per engine core
-    ("config-not-applied", config_not_applied),
-    ("chunking-without-benefit", chunking_without_benefit),
-    ("underloaded", underloaded),
-    ("not-checked", not_checked),  # last: the others note what they could not check
+def storm_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """The KV arithmetic of :func:`~.limits.kv_remedy` (peak demand, or the first preemption)."""
+    return kv_remedy(*f.basis)
+
+
+# -- views: the lines a text view shows under a finding's message (no computation) ------------
+
+
+def _steps(r: list[int] | None) -> str:
+    if not r or r[0] is None:
+        return "-"
+    return f"{r[0]}" if r[0] == r[1] else f"{r[0]}–{r[1]}"
+
+
+def _reasons(d: dict[str, int]) -> str:
+    total = sum(d.values()) or 1
+    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+
+
+def view_storm(f: Finding) -> list[str]:
+    e: StormEvidence = f.evidence
+    out = []
+    if e.busiest_steps:
+        out.append("busiest steps: " + ", ".join(f"{b.step} ({', '.join(b.preempted[:3])})" for b in e.busiest_steps))
+    if e.peak_kv_demand_blocks:
+        out.append(f"peak KV demand {fmt_count_or(e.peak_kv_demand_blocks)} blocks for {e.peak_running} running requests "
+                   f"at full length; {fmt_count_or(e.usable_kv_blocks)} usable")
+    return out
+
+
+def view_thrash(f: Finding) -> list[str]:
+    e: ThrashEvidence = f.evidence
+    requests = e.requests
+    out = [f"{r.req_id} ×{r.preemptions} at steps {', '.join(str(s) for s in r.steps[:8])}"
+           f"{' …' if len(r.steps) > 8 else ''} (discarded {fmt_count_or(r.discarded_tokens)} tok, "
+           f"prompt {fmt_count_or(r.prompt_len)})" for r in requests[:4]]
+    rest = requests[4:]
+    if rest:
+        more = e.repeated_requests - len(requests)
+        out.append("and " + ", ".join(f"{r.req_id} ×{r.preemptions}" for r in rest)
+                   + (f" (+{more} more: doctor --json)" if more > 0 else ""))
+    return out
+
+
+def view_hol(f: Finding) -> list[str]:
+    e: HolEvidence = f.evidence
+    out = [f"{b.req_id} (prompt {fmt_count_or(b.prompt_len)}) waited {b.waited_steps} steps, {_steps(b.steps)}: "
+           f"queue {fmt_duration(b.queue_s)} of TTFT {fmt_duration(b.ttft_s)}" for b in e.blocked[:4]]
+    for t in e.takers[:4]:
+        out.append(f"budget taken by {t.req_id} (prompt {fmt_count_or(t.prompt_len)}): {fmt_count_or(t.prefill_tokens)} "
+                   f"prefill tokens" + (f", first chunk at step {t.first_chunk_step}"
+                                        if t.first_chunk_step is not None else ""))
+    return out
+
+
+def view_bound(f: Finding) -> list[str]:
+    e: BoundEvidence = f.evidence
+    return [f"steps {_steps(e.step_range)} · running max {e.running_max} (mean {e.running_mean:.1f}) · "
+            f"waiting max {e.waiting_max} (mean {e.waiting_mean:.1f}) · KV {fmt_figure(e.kv_usage_mean, '%')} "
+            f"mean" + (" · inferred from the queues" if e.inferred_from_queues else "")]
+
+
+def view_stall(f: Finding) -> list[str]:
+    e: StallEvidence = f.evidence
+    out = ["stalls at steps " + ", ".join(_steps(s) for s in e.stalls)]
+    if e.head_blocked_by:
+        out.append("head blocked by " + _reasons(e.head_blocked_by))
+    if e.head:
+        out.append(f"head {e.head} (prompt {fmt_count_or(e.head_prompt_len)})")
+    return out
+
+
+def view_chunking(f: Finding) -> list[str]:
+    e: ChunkingEvidence = f.evidence
+    return [f"e.g. {e.example} ({fmt_count_or(e.example_prompt_len)} tokens), steps {_steps(e.example_steps)}"]
+
+
+def view_config(f: Finding) -> list[str]:
+    e: ConfigEvidence = f.evidence
+    out = [f"{d.setting}: expected {fmt_figure(d.expected)}, in force {fmt_figure(d.effective)}" for d in e.differs]
+    if e.not_recorded:
+        out.append("not recorded by engine_config (not checked): " + ", ".join(e.not_recorded))
+    for n in e.not_in_v1:
+        out.append(f"{n.setting}: not a setting of vLLM V1 ({n.note})")
+    return out
+
+
+def view_underloaded(f: Finding) -> list[str]:
+    e: UnderloadedEvidence = f.evidence
+    return [f"requests waited after {fmt_count_or(e.waiting_steps)} of {fmt_count_or(e.total_steps)} steps · "
+            f"median step {fmt_figure(e.budget_use_median, '%')} of the token budget"
+            + (" · one offline burst" if e.burst else "")]
+
+
+# -- goals and knobs: what a remedy must do, and what it may change (advice/ searches them) ----------
+
+
+def _int(settings: dict[str, Any], name: str) -> int | None:
+    v = settings.get(name)
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
+
+
+def scaled(name: str, factors: tuple[float, ...], lo: int = 1, hi_factor: float | None = None):
+    """Candidates ``recorded × factor`` (rounded, distinct, in ``factors`` order), at least
+    ``lo`` and at most ``hi_factor ×`` the recorded value; none when it is not recorded."""
+    def candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
+        base = _int(settings, name)
+        if base is None:
+            return []
+        out: list[int] = []
+        for k in factors:
+            v = max(int(round(base * k)), lo)
+            if hi_factor is not None and v > base * hi_factor:
+                continue
+            if v != base and v not in out:
+                out.append(v)
+        return out
+    return candidates
+
+
+#: A budget remedy stays within this many times the recorded budget (issue 17: operators
+#: run budgets of the same order; design.md §7: the budget that took every queued prompt
+#: at once was ~80× and not a setting anyone runs).
+BUDGET_MAX_FACTOR = 8
+#: long_prefill_token_threshold candidates, as shares of the budget (design.md §7: ¼ of the
+#: budget cut the short requests' queue p90 from 2.9 s to 0.86 s).
+LONG_PREFILL_SHARES = (0.5, 0.25, 0.125)
+
+
+def long_prefill_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
+    """``long_prefill_token_threshold`` at :data:`LONG_PREFILL_SHARES` of the budget."""
+    budget = _int(settings, "max_num_batched_tokens")
+    if budget is None:
+        return []
+    current = _int(settings, "long_prefill_token_threshold")
+    out = []
+    for share in LONG_PREFILL_SHARES:
+        v = max(int(budget * share), 1)
+        if v not in out and (current is None or v < current):
+            out.append(v)
+    return out
+
+
+KNOB_SEQS_DOWN = Knob("max_num_seqs", "down", scaled("max_num_seqs", (0.75, 0.5, 0.25, 0.125)))
+def seqs_up_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
+    """``max_num_seqs`` × 1.5, 2, 3, 4, never above what the KV cache holds at full length
+    (advice converges: a storm's remedy lowered it to that)."""
+    values = scaled("max_num_seqs", (1.5, 2, 3, 4))(settings, finding)
+    basis = finding.basis
+    cap = _seqs_cap(basis[0], basis[1]) if isinstance(basis, tuple) and len(basis) >= 2 else None
+    return [v for v in values if cap is None or v <= cap]
+
+
+KNOB_SEQS_UP = Knob("max_num_seqs", "up", seqs_up_candidates)
+KNOB_BLOCKS_UP = Knob("num_kv_blocks", "up", scaled("num_kv_blocks", (1.25, 1.5, 2, 3, 4)))
+KNOB_BUDGET_UP = Knob("max_num_batched_tokens", "up",
+                      scaled("max_num_batched_tokens", (1.5, 2, 4, 8), hi_factor=BUDGET_MAX_FACTOR))
+KNOB_LONG_PREFILL = Knob("long_prefill_token_threshold", "down", long_prefill_candidates, min_release="0.31")
+KNOB_PRIORITY = Knob("scheduling_policy", "set", lambda settings, finding: ["priority"])
+KNOB_ASYNC_OFF = Knob("async_scheduling", "set", lambda settings, finding: [False])
+
+
+def _hol_goal(f: Finding) -> Goal:
+    e: HolEvidence = f.evidence
+    return Goal("ttft_p90", reduce_by=0.5, requests=tuple(b.req_id for b in e.blocked))
+
+
+def _first_of(r: list[int] | None) -> int | None:
+    return r[0] if r and isinstance(r[0], int) else None
+
+
+# -- the catalogue ----------------------------------------------------------------------------------
+
+
+def _t(name: str, unit: str, source: str) -> Threshold:
+    return Threshold(name, globals()[name] if name in globals() else getattr(limits, name), unit, source)
+
+
+MEASURED = "measured here (docs/doctor.md gives the runs)"
+
+CATALOGUE: tuple[Rule, ...] = (
+    Rule(
+        "stall",
+        "A step that schedules no token while requests wait. In a synchronous scheduler a step "
+        "with anything running schedules its decodes (vLLM 0.32 vllm/v1/core/sched/scheduler.py:659, "
+        "Scheduler.schedule's RUNNING loop), so an empty step means the head of the waiting queue "
+        "cannot be admitted now: its whole prompt does not fit the free blocks (scheduler.py:1256-1280, "
+        "allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl) fails and the WAITING loop "
+        "breaks), or admission was deferred. vLLM #39734: a prompt that fits max_model_len but never "
+        "the KV cache stalls the queue for good.",
+        stall,
+        StallEvidence,
+        (_t("STALL_MIN_STEPS", "steps", MEASURED + ": 0 in every healthy run"),
+         _t("STALL_CRITICAL_STEPS", "steps", "the queue never drained")),
+        goal=lambda f: (Goal("held_slot_steps", reduce_by=0.9) if f.basis and f.basis[0] == "async"
+                        else Goal("queue_p90", reduce_by=0.3)),
+        knobs=(KNOB_BLOCKS_UP, KNOB_ASYNC_OFF),
+        arithmetic=stall_remedy, view=view_stall, step=lambda f: f.evidence.first_step,
+        severity=(CRITICAL, WARNING)),
+    Rule(
+        "preemption-thrash",
+        "vLLM preempts when a running request needs a block and none is free (vLLM 0.32 "
+        "scheduler.py:776-841: allocate_slots returns None, then the victim is self.running[-1] under "
+        "FCFS, or max(running, key=(priority, arrival_time)) under the priority policy, :795-806). "
+        "A victim starts again from scratch on readmission (_preempt_request, :1571-1607: "
+        "num_computed_tokens = 0), and, readmitted as the newest running request, it is the next "
+        "victim again.",
+        preemption_thrash,
+        ThrashEvidence,
+        (_t("THRASH_PREEMPTIONS", "preemptions of one request", MEASURED),
+         _t("THRASH_TWICE_DISCARD_PER_PROMPT", "discarded tokens per prompt token, twice preempted",
+            "the work lost exceeds the prompt it had to prefill"),
+         _t("THRASH_CRITICAL_PREEMPTIONS", "preemptions of one request",
+            "vLLM #25538: a long prefill preempted and resumed every step never finishes")),
+        goal=lambda f: Goal("worst_request_preemptions", at_most=1),
+        knobs=(KNOB_SEQS_DOWN, KNOB_BLOCKS_UP),
+        arithmetic=storm_remedy, view=view_thrash,
+        step=lambda f: f.evidence.requests[0].steps[0] if f.evidence.requests and f.evidence.requests[0].steps else None,
+        severity=(CRITICAL, WARNING)),
+    Rule(
+        "preemption-storm",
+        "Admission reserves only the prompt's blocks (vLLM 0.32 scheduler.py:1256-1280), so running "
+        "requests outgrow the cache while they decode; a step that cannot allocate a decode block "
+        "preempts (:776-841, allocate_slots → _preempt_request) and the victim's computed tokens are "
+        "discarded; on readmission its prompt is recomputed, or served from the prefix cache where "
+        "its blocks survived (get_computed_blocks, :1037; vLLM counts those as hits, #25780). A step "
+        "that preempts admits nobody (:900, the WAITING loop runs only `if not preempted_reqs`).",
+        preemption_storm,
+        StormEvidence,
+        (_t("STORM_MIN_PREEMPTIONS", "preemptions", "one preemption is an event, not a storm"),
+         _t("STORM_PER_100_STEPS", "preemptions per 100 steps", MEASURED + ": runs sized for their load preempt 0 times"),
+         _t("STORM_DISCARD_SHARE", "share of computed tokens", SRC_VLLM_PREEMPTION),
+         _t("STORM_CRITICAL_DISCARD_SHARE", "share of computed tokens", "as much computed work thrown away as kept")),
+        goal=lambda f: Goal("preemptions", reduce_by=0.9),
+        knobs=(KNOB_SEQS_DOWN, KNOB_BLOCKS_UP),
+        arithmetic=storm_remedy, view=view_storm, step=lambda f: f.evidence.first_step,
+        severity=(CRITICAL, WARNING)),
+    Rule(
+        "head-of-line-blocking",
+        "FCFS admits the waiting queue in order within one step's token budget (vLLM 0.32 "
+        "scheduler.py: the RUNNING loop spends the budget first, :659, then the WAITING loop, :912), "
+        "so short requests queued behind long prompts wait while the long prefills take the budget. "
+        "long_prefill_token_threshold caps one request's chunk (:708-709 for running requests, "
+        ":1155-1156 for waiting ones; applied when more than one request is eligible, :640-654), so "
+        "the short ones fit beside a long prefill; \"short\" is by the tokens left to compute "
+        "(prompt minus prefix-cache hit).",
+        head_of_line_blocking,
+        HolEvidence,
+        (Threshold("SHORT_PROMPT_SHARE", SHORT_PROMPT_SHARE, "share of the token budget",
+                   "a short request fits any step many times over (episodes.py)"),
+         _t("HOL_MIN_WAIT_STEPS", "steps", MEASURED),
+         Threshold("QUEUE_SHARE_OF_TTFT", QUEUE_SHARE_OF_TTFT, "share of TTFT", "\"mostly queue time\" (episodes.py)"),
+         _t("HOL_TAKER_SHARE", "share of prefill tokens", MEASURED + ": 100 % in short-behind-long")),
+        goal=_hol_goal,
+        knobs=(KNOB_LONG_PREFILL, KNOB_BUDGET_UP, KNOB_PRIORITY),
+        arithmetic=head_of_line_remedy, view=view_hol,
+        step=lambda f: f.evidence.blocked[0].steps[0] if f.evidence.blocked else None),
+    Rule(
+        "kv-bound",
+        "Admission needs the head's whole prompt to fit the free KV blocks (vLLM 0.32 "
+        "scheduler.py:1256-1280, allocate_slots(full_sequence_must_fit=scheduler_reserve_full_isl), "
+        "0.19+; the WAITING loop breaks when it fails), and FCFS admits nobody behind it: requests "
+        "wait with the cache nearly full, or with blocks free that the head's prompt exceeds.",
+        lambda ctx: bound_of(ctx, "kv-bound"),
+        BoundEvidence,
+        (Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
+         Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most"),
+         Threshold("KV_FULL", KV_FULL, "share of KV blocks", SRC_SGLANG + ": token usage > 0.9 is good utilization")),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        knobs=(KNOB_BLOCKS_UP, KNOB_SEQS_DOWN),
+        arithmetic=kv_bound_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range)),
+    Rule(
+        "seqs-bound",
+        "The WAITING loop stops when the running requests reach max_num_seqs (vLLM 0.32 "
+        "scheduler.py:921-924: num_running >= self.max_num_active_reqs, which defaults to "
+        "max_num_seqs, :129-136): requests wait with the KV cache free.",
+        lambda ctx: bound_of(ctx, "seqs-bound"),
+        BoundEvidence,
+        (Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
+         Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        knobs=(KNOB_SEQS_UP,),
+        arithmetic=seqs_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range)),
+    Rule(
+        "budget-bound",
+        "The step's token budget (max_num_batched_tokens) is spent before the waiting queue is "
+        "reached (vLLM 0.32 scheduler.py:659 and :912, both loops run `while token_budget > 0`): a "
+        "busy engine.",
+        lambda ctx: bound_of(ctx, "budget-bound"),
+        BoundEvidence,
+        (Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
+         Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        knobs=(KNOB_BUDGET_UP,),
+        arithmetic=budget_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range),
+        severity=(INFO,)),
+    Rule(
+        "held-slots",
+        "Under AsyncScheduler the next step is scheduled before the previous step's output is "
+        "processed. A running request whose in-flight tokens already reach its max_tokens is "
+        "skipped (vLLM 0.32 scheduler.py:663-678, num_output_placeholders) but stays in "
+        "self.running until update_from_output removes it (:2294-2295), one step later; while "
+        "it does, it holds one of max_num_seqs slots and the WAITING loop stops at "
+        "num_running >= max_num_active_reqs (:921-924). With short outputs many slots are held "
+        "at once: steps of 0/4,096 tokens on a busy machine, 3,840/256 on a quiet one "
+        "(design.md §7, vLLM #45257).",
+        held_slots,
+        HeldSlotsEvidence,
+        (_t("HELD_MIN_STEPS", "steps", "held steps: at least a few, not one finishing request"),
+         _t("HELD_MIN_SHARE", "share of the async steps with requests waiting",
+            "below it a finished request's one-step hold is incidental")),
+        goal=lambda f: Goal("held_slot_steps", reduce_by=0.9),
+        knobs=(KNOB_ASYNC_OFF, KNOB_SEQS_UP),
+        arithmetic=held_slots_remedy, view=view_held, step=lambda f: _first_of(f.evidence.step_range)),
+    Rule(
+        "config-not-applied",
+        "The engine ran with settings other than the file meant: command-line flags and engine "
+        "arguments win over config files (seed notes §5); engine_config records what was in force.",
+        config_not_applied,
+        ConfigEvidence,
+        goal=lambda f: None,
+        arithmetic=config_remedy, view=view_config),
+    Rule(
+        "chunking-without-benefit",
+        "A prompt longer than the budget is cut into chunks (vLLM 0.32 scheduler.py, the WAITING "
+        "loop schedules at most the token budget left of a prompt); each later chunk re-reads the KV "
+        "of the earlier ones (seed notes §3.4). Chunking pays off only when decodes run beside the "
+        "chunks.",
+        chunking_without_benefit,
+        ChunkingEvidence,
+        (_t("CHUNK_ALONE_WARN_SHARE", "share of steps", MEASURED),),
+        goal=lambda f: Goal("reread_kv_tokens", reduce_by=0.5),
+        knobs=(KNOB_BUDGET_UP,),
+        arithmetic=chunking_remedy, view=view_chunking, step=lambda f: _first_of(f.evidence.example_steps),
+        severity=(WARNING, INFO)),
+    Rule(
+        "underloaded",
+        "Requests rarely waited and the median step used little of its budget: the client, not "
+        "the scheduler, set the pace (SGLang's guide: #queue-req 0 frequently).",
+        underloaded,
+        UnderloadedEvidence,
+        (_t("UNDERLOADED_WAITING_SHARE", "share of steps", SRC_SGLANG),
+         _t("UNDERLOADED_BUDGET_USE", "share of the token budget", SRC_SGLANG),
+         _t("UNDERLOADED_MIN_STEPS", "steps", "too short a run says nothing"),
+         _t("BURST_STEPS", "steps", "an offline LLM.generate burst arrives before step 1 (docs/whatif.md)")),
+        view=view_underloaded, severity=(INFO,)),
+    Rule(
+        "not-checked",
+        "What the run's data could not support: events switched off, an older probe without "
+        "head_blocked_by, or events the probe dropped.",
+        not_checked,
+        NotCheckedEvidence,
+        severity=(INFO,)),  # last: the others note what they could not check
 )
+
+#: The rules by finding id.
+RULES: dict[str, Rule] = {r.id: r for r in CATALOGUE}
 #: Every finding id, in report order (a public interface).
-FINDING_IDS = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
-               "budget-bound", "config-not-applied", "chunking-without-benefit", "underloaded", "not-checked")
+FINDING_IDS: tuple[str, ...] = tuple(r.id for r in CATALOGUE)
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+#: Markers around the generated reference in docs/doctor.md.
+REFERENCE_BEGIN = "<!-- rule reference: generated by `python -m vllm_probe.analysis.doctor.rules`; do not edit by hand -->"
+REFERENCE_END = "<!-- end of the rule reference -->"
+
+
+def reference() -> str:
+    """docs/doctor.md's rule reference: per rule, its mechanism, thresholds (value, unit,
+    source), the knobs a remedy may change, and its evidence fields with their type and
+    meaning (from :mod:`.evidence`'s docstrings), between :data:`REFERENCE_BEGIN` and
+    :data:`REFERENCE_END`."""
+    out = [REFERENCE_BEGIN, ""]
+    seen: set[type] = set()
+    for rule in CATALOGUE:
+        out.append(f"### Rule `{rule.id}` ({', '.join(rule.severity)})")
+        out.append("")
+        out.append(rule.mechanism)
+        out.append("")
+        if rule.thresholds:
+            out.append("| threshold | value | unit | source |")
+            out.append("|---|---|---|---|")
+            for t in rule.thresholds:
+                out.append(f"| `{t.name}` | {t.value:g} | {t.unit} | {t.source} |")
+            out.append("")
+        if rule.knobs:
+            out.append("Knobs: " + ", ".join(f"`{k.setting}` ({k.direction})" for k in rule.knobs) + ".")
+            out.append("")
+        ev = rule.evidence
+        out.append(f"Evidence (`{ev.__name__}`):")
+        out.append("")
+        _fields(ev, out, seen)
+    out.append(REFERENCE_END)
+    return "\n".join(out) + "\n"
+
+
+def _fields(ev: type, out: list[str], seen: set[type]) -> None:
+    docs = field_docs(ev)
+    nested: list[type] = []
+    out.append("| field | type | meaning |")
+    out.append("|---|---|---|")
+    info = msgspec.inspect.type_info(ev)
+    for fld in info.fields:
+        t = fld.type
+        out.append(f"| `{fld.encode_name}` | {_describe(t, nested)} | {docs.get(fld.name, '')} |")
+    out.append("")
+    for sub in nested:
+        if sub in seen:
+            continue
+        seen.add(sub)
+        out.append(f"`{sub.__name__}` (its entries):")
+        out.append("")
+        _fields(sub, out, seen)
+
+
+def _describe(t: Any, nested: list[type]) -> str:
+    mi = msgspec.inspect
+    if isinstance(t, mi.UnionType):
+        parts = [_describe(x, nested) for x in t.types if not isinstance(x, mi.NoneType)]
+        return " \\| ".join(parts) + (" or null" if t.includes_none else "")
+    if isinstance(t, mi.ListType):
+        return f"list of {_describe(t.item_type, nested)}"
+    if isinstance(t, mi.DictType):
+        return f"object of {_describe(t.value_type, nested)}"
+    if isinstance(t, mi.StructType):
+        if t.cls not in nested:
+            nested.append(t.cls)
+        return f"`{t.cls.__name__}`"
+    names = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool", mi.AnyType: "any"}
+    return names.get(type(t), type(t).__name__)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference())

@@ -1,0 +1,92 @@
+"""The doctor's catalogue as rule objects: every rule one :class:`Rule` with typed, documented
+evidence; docs/doctor.md's rule reference equals the generated text; goals name figures of
+analysis/objectives; knobs stay within what operators run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tests.test_doctor_rules import Run, _storm
+from vllm_probe.analysis.doctor import FINDING_IDS, RULES, diagnose
+from vllm_probe.analysis.doctor.evidence import Evidence, field_docs
+from vllm_probe.analysis.doctor.findings import Finding
+from vllm_probe.analysis.doctor.rule import Rule
+from vllm_probe.analysis.doctor.rules import (
+    BUDGET_MAX_FACTOR, CATALOGUE, REFERENCE_BEGIN, REFERENCE_END, reference,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
+#: The figure names goals may use (analysis/objectives.py implements them).
+FIGURES = {"preemptions", "worst_request_preemptions", "ttft_p50", "ttft_p90", "ttft_p99", "queue_p90", "itl_p90",
+           "e2e_p90", "held_slot_steps", "reread_kv_tokens", "output_tokens_per_s", "duration_s", "steps"}
+
+
+def test_docs_rule_reference_is_the_generated_text():
+    text = DOC.read_text()
+    begin, end = text.index(REFERENCE_BEGIN), text.index(REFERENCE_END) + len(REFERENCE_END) + 1
+    assert text[begin:end] == reference()
+
+
+def test_catalogue_is_rule_objects_by_id():
+    assert all(isinstance(r, Rule) for r in CATALOGUE)
+    assert tuple(RULES) == FINDING_IDS == tuple(r.id for r in CATALOGUE)
+    assert len(set(FINDING_IDS)) == len(FINDING_IDS)
+
+
+@pytest.mark.parametrize("rule", CATALOGUE, ids=lambda r: r.id)
+def test_every_rule_has_a_mechanism_thresholds_and_documented_evidence(rule):
+    assert len(rule.mechanism) > 80
+    assert issubclass(rule.evidence, Evidence)
+    docs = field_docs(rule.evidence)
+    for f in msgspec.structs.fields(rule.evidence):
+        assert docs.get(f.name), f"{rule.evidence.__name__}.{f.name} has no description"
+    for t in rule.thresholds:
+        assert t.unit and t.source and isinstance(t.value, (int, float))
+
+
+def _findings(run: Run) -> dict[str, Finding]:
+    return {f.id: f for f in run.analyze()[2]}
+
+
+def test_goals_name_known_figures_and_views_read_typed_evidence():
+    found = _findings(_storm(100, (100, 100)))
+    f = found["preemption-storm"]
+    assert isinstance(f.evidence, RULES["preemption-storm"].evidence)
+    goal = RULES["preemption-storm"].goal(f)
+    assert (goal.figure, goal.reduce_by) == ("preemptions", 0.9)
+    assert goal.met(10, 1) is True and goal.met(10, 2) is False and goal.met(None, 1) is None
+    assert RULES["preemption-storm"].view(f)[0] == "busiest steps: 1 (V0), 2 (V1)"  # equal counts: earliest first
+    for rid, rule in RULES.items():
+        for fnd in found.values():
+            if fnd.id == rid:
+                g = rule.goal(fnd)
+                assert g is None or g.figure in FIGURES
+
+
+def test_budget_knob_stays_within_eight_times_the_recorded_budget():
+    f = _findings(_storm(100, (100, 100)))["preemption-storm"]
+    knob = next(k for k in RULES["chunking-without-benefit"].knobs if k.setting == "max_num_batched_tokens")
+    values = knob.candidates({"max_num_batched_tokens": 512}, f)
+    assert values == [768, 1024, 2048, 4096] and max(values) <= BUDGET_MAX_FACTOR * 512
+    lp = next(k for k in RULES["head-of-line-blocking"].knobs if k.setting == "long_prefill_token_threshold")
+    assert lp.candidates({"max_num_batched_tokens": 512, "long_prefill_token_threshold": 0}, f) == [256, 128, 64]
+    assert knob.candidates({}, f) == []
+
+
+def test_json_keeps_evidence_keys_in_order_and_engine_first():
+    r = _storm(100, (100, 100))
+    f = _findings(r)["preemption-storm"]
+    ev = f.to_dict()["evidence"]
+    assert list(ev)[:3] == ["preemptions", "requests", "per_100_steps"] and "engine" not in ev
+    f.evidence.engine = 1
+    assert list(f.to_dict()["evidence"])[0] == "engine" and f.engine == 1
+
+
+def test_every_finding_of_the_rule_tests_has_its_rules_evidence_type():
+    for run in (_storm(100, (100, 100)),):
+        state, ep, _ = run.analyze()
+        for f in diagnose(state, ep):
+            assert isinstance(f.evidence, RULES[f.id].evidence)
