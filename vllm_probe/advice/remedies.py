@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,75 +87,11 @@ class CheckedRemedy(Remedy):
     began_at: dict[str, Any] | None = None
 
 
-# -- the rules' goals and knobs -----------------------------------------------------------
-
-
-def _scaled(factors: Sequence[float], lo: int = 1) -> Callable[[str], Callable[[dict, Finding], list[Any]]]:
-    def for_setting(name: str) -> Callable[[dict, Finding], list[Any]]:
-        def candidates(settings: dict, finding: Finding) -> list[Any]:
-            v = settings.get(name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
-                return []
-            return list(dict.fromkeys(max(lo, int(round(v * f))) for f in factors if int(round(v * f)) != v))
-        return candidates
-    return for_setting
-
-
-_up = _scaled((1.25, 1.5, 2, 3, 4, 6, 8))
-_down = _scaled((0.75, 0.5, 0.375, 0.25, 0.125))
-
-
-def _threshold(settings: dict, finding: Finding) -> list[Any]:
-    budget = settings.get("max_num_batched_tokens") or 0
-    return [t for t in (budget // 2, budget // 4, budget // 8) if t >= 16]
-
-
-def _short_ids(f: Finding) -> tuple[str, ...]:
-    return tuple(b["req_id"] for b in f.evidence.get("blocked") or () if isinstance(b, dict) and "req_id" in b)
-
-
-#: Goals and knobs per finding id, used when the catalogue's rule has none (the catalogue
-#: moves to :class:`~vllm_probe.analysis.doctor.rule.Rule` objects with their own): the
-#: issue's targets (≤ 10 % of a storm's preemptions; ≥ 50 % lower short-request TTFT p90
-#: for head-of-line blocking) and vLLM's tuning guide's knobs per mechanism.
-FALLBACK: dict[str, tuple[Callable[[Finding], Goal | None], tuple[Knob, ...]]] = {
-    "preemption-storm": (lambda f: Goal("preemptions", reduce_by=0.9),
-                         (Knob("max_num_seqs", "down", _down("max_num_seqs")),
-                          Knob("num_kv_blocks", "up", _up("num_kv_blocks")))),
-    "preemption-thrash": (lambda f: Goal("worst_request_preemptions", at_most=1),
-                          (Knob("max_num_seqs", "down", _down("max_num_seqs")),
-                           Knob("num_kv_blocks", "up", _up("num_kv_blocks")))),
-    "head-of-line-blocking": (lambda f: Goal("ttft_p90", reduce_by=0.5, requests=_short_ids(f)),
-                              (Knob("long_prefill_token_threshold", "set", _threshold),
-                               Knob("max_num_batched_tokens", "up", _up("max_num_batched_tokens")))),
-    "kv-bound": (lambda f: Goal("queue_p90", reduce_by=0.5), (Knob("num_kv_blocks", "up", _up("num_kv_blocks")),)),
-    "seqs-bound": (lambda f: Goal("queue_p90", reduce_by=0.5), (Knob("max_num_seqs", "up", _up("max_num_seqs")),)),
-    "budget-bound": (lambda f: Goal("ttft_p90", reduce_by=0.25),
-                     (Knob("max_num_batched_tokens", "up", _up("max_num_batched_tokens")),)),
-    "held-slots": (lambda f: Goal("held_slot_steps", reduce_by=0.9),
-                   (Knob("async_scheduling", "set", lambda s, f: [False] if s.get("async_scheduling") else []),
-                    Knob("max_num_seqs", "up", _up("max_num_seqs")))),
-    "chunking-without-benefit": (lambda f: Goal("reread_kv_tokens", reduce_by=0.5),
-                                 (Knob("max_num_batched_tokens", "up", _up("max_num_batched_tokens")),)),
-}
-
-
 def rule_for(finding_id: str) -> Rule | None:
-    """The catalogue's :class:`Rule` for ``finding_id`` when the catalogue has Rule objects
-    with a goal, else one built from :data:`FALLBACK` (None: no goal known)."""
-    try:
-        from ..analysis.doctor import rules as catalogue
-    except ImportError:  # pragma: no cover
-        catalogue = None
-    found = getattr(catalogue, "RULES", None)
-    if isinstance(found, dict) and isinstance(found.get(finding_id), Rule):
-        rule = found[finding_id]
-        if rule.knobs:
-            return rule
-    if finding_id not in FALLBACK:
-        return None
-    goal, knobs = FALLBACK[finding_id]
-    return Rule(finding_id, "", lambda ctx: [], goal=goal, knobs=knobs)
+    """The catalogue's :class:`Rule` for ``finding_id`` (None: no such rule)."""
+    from ..analysis.doctor.rules import RULES
+
+    return RULES.get(finding_id)
 
 
 # -- bounds -------------------------------------------------------------------------------
@@ -482,5 +418,5 @@ def unchecked(findings: list[Finding]) -> None:
             f.remedy = _unchecked(f.remedy)
 
 
-__all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "FALLBACK", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
+__all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
            "rule_for", "search", "unchecked"]
