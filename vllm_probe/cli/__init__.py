@@ -13,12 +13,13 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe compare RUN_DIR RUN_DIR [...]
     vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
     vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
+    vllm-probe tune [RUN_DIR] --slo FIGURE<=VALUE ... --knob NAME=LO..HI|V1,V2 ... [--json]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
 (e.g. no events), 2 bad usage or input (bad settings, missing run directory),
-3 ``doctor`` found something critical, 126/127 command not executable / not found.
+3 ``doctor`` found something critical / ``tune`` found no setting meeting the SLOs, 126/127 command not executable / not found.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("vllm_probe.cli.compare", "compare runs side by side"),
     "doctor": ("vllm_probe.cli.doctor", "what went wrong in a run, the evidence, and what to change"),
     "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
+    "tune": ("vllm_probe.cli.tune", "search settings that meet SLOs by replaying a run"),
     "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
