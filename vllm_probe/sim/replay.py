@@ -1,7 +1,8 @@
 """Replay a workload through vLLM's real scheduler, the probe installed, on a virtual clock.
 
-The scheduler is the installed vLLM's own ``Scheduler`` (or ``AsyncScheduler``, as the
-recorded ``engine_config`` names it), built by :mod:`vllm_probe.sim.harness` with no
+The scheduler is the installed vLLM's own ``Scheduler`` (or ``AsyncScheduler`` when the
+spec's ``async_scheduling`` is on: whatif's setting, on by default for a run whose
+``engine_config`` names ``AsyncScheduler``), built by :mod:`vllm_probe.sim.harness` with no
 model; the probe is installed on it (:func:`vllm_probe.engine.patches.install`) with a
 :class:`VirtualClock`, so the replay writes the same events as a real engine core, into
 an ordinary run directory that every reading command reads unchanged.
