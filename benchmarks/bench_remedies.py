@@ -58,7 +58,6 @@ def doctor(run: Path, budget: float) -> list[dict]:
 def order_of(run: Path) -> list[str]:
     """Request ids in the order the engine added them."""
     from vllm_probe.runs.reader import ReadStats, iter_run
-
     from vllm_probe.schema.records import RequestAddedEvent
 
     return [ev.req_id for ev in iter_run(run, ReadStats()) if isinstance(ev, RequestAddedEvent)]
@@ -102,7 +101,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_remedies"))
     ap.add_argument("--budget", type=float, default=120.0, help="doctor's search budget (s)")
     a = ap.parse_args()
-    names = a.scenarios.split(",") if a.scenarios else sorted(p.stem for p in (ROOT / "configs/scenarios").glob("*.yaml"))
+    names = (a.scenarios.split(",") if a.scenarios
+             else sorted(p.stem for p in (ROOT / "configs/scenarios").glob("*.yaml")))
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:

@@ -16,7 +16,6 @@ from tests.conftest import requires_vllm, vllm_probe_cmd
 from vllm_probe import cli
 from vllm_probe.advice import tune as tuning
 
-
 # -- syntax (no vLLM needed) ----------------------------------------------------------------
 
 

@@ -19,7 +19,8 @@ def async_run(tmp_path_factory):
     from tests._simrun import record
 
     return record(tmp_path_factory.mktemp("async") / "run",
-                  dict(max_num_batched_tokens=256, max_num_seqs=4, num_blocks=64, max_model_len=256, async_scheduling=True),
+                  dict(max_num_batched_tokens=256, max_num_seqs=4, num_blocks=64, max_model_len=256,
+                       async_scheduling=True),
                   [(f"R{i}", 8, 1) for i in range(120)], scheduler_cls=AsyncScheduler, async_drive=True)
 
 

@@ -236,7 +236,8 @@ def _measure_reference(s: Search, evaluator: Evaluator) -> None:
     g = s.goal
     if g.requests:
         s.recorded = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
-        base = evaluator.evaluate([{}], requests=g.requests)[0] if g.requests != evaluator.requests else evaluator.baseline
+        same = g.requests == evaluator.requests
+        base = evaluator.baseline if same else evaluator.evaluate([{}], requests=g.requests)[0]
         s.baseline = _figure(base, g)
     else:
         s.recorded = evaluator.recorded_figures.get(g.figure)
@@ -312,8 +313,9 @@ def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
     for name in TRADEOFFS:
         if name == s.goal.figure and not s.goal.requests:
             continue
-        trade[name] = {"recorded": evaluator.recorded_figures.get(name), "baseline": evaluator.baseline.figures.get(name),
-                       "predicted": ev.figures.get(name), "unit": objective(name).unit}
+        trade[name] = {"recorded": evaluator.recorded_figures.get(name),
+                       "baseline": evaluator.baseline.figures.get(name), "predicted": ev.figures.get(name),
+                       "unit": objective(name).unit}
     return {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": s.recorded,
             "baseline": s.baseline, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides)}
 

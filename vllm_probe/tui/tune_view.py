@@ -67,7 +67,8 @@ def render(d: dict[str, Any]) -> RenderableType:
     rec = d["recommended"]
     if rec is not None:
         parts.append(Text.assemble(("recommended: ", "bold green"), _settings(rec["settings"])))
-        parts.append(Text("  flags: " + (" ".join(rec["flags"]) or "none (the recorded settings already meet the SLOs)")))
+        applied = " ".join(rec["flags"]) or "none (the recorded settings already meet the SLOs)"
+        parts.append(Text("  flags: " + applied))
         parts.append(Text("  " + rec["serve"], style="cyan"))
     else:
         c = d.get("closest")
