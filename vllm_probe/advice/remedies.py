@@ -356,7 +356,7 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
     if shown is not None:
         pred = _prediction(s, shown, evaluator)
         record["settings"] = dict(shown.overrides)
-        record["run_dir"] = shown.evaluation.run_dir
+        record["run_dir"] = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
         label = s.goal.figure + (f" ({len(s.goal.requests)} requests)" if s.goal.requests else "")
         record["figures"] = {label: {"recorded": s.recorded, "predicted": shown.value, "unit": pred["unit"]},
                              **{k: {"recorded": v["recorded"], "predicted": v["predicted"], "unit": v["unit"]}
