@@ -23,6 +23,7 @@ class FakeEvaluator:
                                                           "max_num_batched_tokens": 256})
         self.run_dir = "/nonexistent"
         self.requests = ()
+        self.keep = False
         self.recorded_figures = {"preemptions": 20.0, "worst_request_preemptions": 3.0}
         self.baseline = self._one({})
         self.error = {"figures": {"steps": {"error": 0.0, "within": True}}, "within": True}
