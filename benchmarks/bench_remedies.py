@@ -40,6 +40,9 @@ def vllm_probe(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess
 
 
 def record(out: Path, scenario: Path, extra: list[str]) -> Path:
+    if (out / "meta.json").exists() and json.loads((out / "meta.json").read_text()).get("exit_code") == 0:
+        print(f"  reusing {out.name}", file=sys.stderr, flush=True)
+        return out  # a complete recording of an earlier pass
     t = time.time()
     p = vllm_probe("run", "--out", str(out), "--", sys.executable, str(EXAMPLE), "--scenario", str(scenario), *extra)
     if p.returncode != 0:
@@ -49,9 +52,13 @@ def record(out: Path, scenario: Path, extra: list[str]) -> Path:
 
 
 def doctor(run: Path, budget: float) -> list[dict]:
+    saved = run.with_name(run.name + ".doctor.json")
+    if saved.exists():
+        return json.loads(saved.read_text())["findings"]
     p = vllm_probe("doctor", str(run), "--json", "--budget", str(budget))
     if p.returncode not in (0, 3):
         raise RuntimeError(f"doctor {run}: exit {p.returncode}: {p.stderr[-500:]}")
+    saved.write_text(p.stdout)
     return json.loads(p.stdout)["findings"]
 
 
@@ -100,6 +107,7 @@ def main() -> int:
     ap.add_argument("--scenarios", help="comma-separated names (default: every file of configs/scenarios/)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_remedies"))
     ap.add_argument("--budget", type=float, default=120.0, help="doctor's search budget (s)")
+    ap.add_argument("--no-undo-check", action="store_true", help="skip doctor on the remedied runs")
     a = ap.parse_args()
     names = (a.scenarios.split(",") if a.scenarios
              else sorted(p.stem for p in (ROOT / "configs/scenarios").glob("*.yaml")))
@@ -141,10 +149,12 @@ def main() -> int:
                 real = goal_figure(rerun, goal, order)
                 recorded_value = r["predicted"]["recorded"]
                 reached = met(goal, recorded_value, real)
-                again = "; ".join(undo(doctor(rerun, a.budget), r["whatif"], settings)) or "no undo"
+                if not a.no_undo_check:
+                    again = "; ".join(undo(doctor(rerun, a.budget), r["whatif"], settings)) or "no undo"
             rows.append((name, f["id"], ",".join(f"{k}={v}" for k, v in r["whatif"].items()), goal["figure"],
                          r["predicted"]["recorded"], r["predicted"]["baseline"], r["predicted"]["predicted"], real,
                          reached, again))
+            print("  row: " + json.dumps(rows[-1], default=str), file=sys.stderr, flush=True)
     load = os.getloadavg()
     print(f"\nload average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     print("| scenario | finding | remedy | goal figure | recorded | replay at recorded | predicted | real | "
