@@ -139,7 +139,7 @@ class Evaluator:
             out = self._tmp.name
         self.out = Path(out)
         self.keep = keep if keep is not None else self._tmp is None
-        self._ray = None
+        self._ray: Any = None
         if ray_address:
             self._ray = _connect_ray(ray_address)
         try:

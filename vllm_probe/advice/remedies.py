@@ -350,9 +350,10 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
         "goal": goal, "recorded": s.recorded, "baseline": s.baseline, "baseline_error": _baseline_error(evaluator),
         "tried": [t.to_dict() for t in s.tried], "complete": s.complete, "skipped": s.skipped,
         "resolved": bool(good)}
+    sign = 1.0 if objective(s.goal.figure).better == "lower" else -1.0
     shown = good[0] if good else min(
         (t for t in s.tried if t.evaluation.ok and t.value is not None),
-        key=lambda t: t.value if objective(s.goal.figure).better == "lower" else -t.value, default=None)
+        key=lambda t: sign * float(t.value or 0.0), default=None)
     if shown is not None:
         pred = _prediction(s, shown, evaluator)
         record["settings"] = dict(shown.overrides)
