@@ -180,3 +180,28 @@ def test_the_search_on_a_real_replay_picks_the_smallest_sufficient_change(tmp_pa
         from vllm_probe.analysis.objectives import from_summary
 
         assert from_summary(result.configs[0].summary, s.goal.figure) == f.remedy.predicted["predicted"]
+
+
+@requires_vllm
+def test_the_held_slot_remedy_is_replayed_with_async_scheduling_off(tmp_path):
+    """AsyncScheduler, max_num_seqs 4, 120 one-token requests (vLLM #45257 scaled down):
+    held-slots' remedy is async_scheduling=False, chosen by its replay (29 held-slot steps
+    → 0); more max_num_seqs (6 … 16) leaves 19 … 7 and is listed as tried."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from tests._simrun import record
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.analysis.doctor import examine
+
+    run = record(tmp_path / "async", dict(max_num_batched_tokens=256, max_num_seqs=4, num_blocks=64, max_model_len=256,
+                                          async_scheduling=True),
+                 [(f"R{i}", 8, 1) for i in range(120)], scheduler_cls=AsyncScheduler, async_drive=True)
+    report = examine(run)
+    with Evaluator(run) as ev:
+        remedies.search(report.findings, ev)
+    f = next(f for f in report.findings if f.id == "held-slots")
+    assert (f.remedy.whatif, f.remedy.checked) == ({"async_scheduling": False}, True)
+    assert (f.remedy.predicted["recorded"], f.remedy.predicted["predicted"]) == (29.0, 0.0)
+    assert [(t["settings"], t["predicted"], t["met"]) for t in f.predicted["tried"]] == [
+        ({"async_scheduling": False}, 0.0, True), ({"max_num_seqs": 6}, 19.0, False),
+        ({"max_num_seqs": 8}, 14.0, False), ({"max_num_seqs": 12}, 9.0, False), ({"max_num_seqs": 16}, 7.0, False)]
