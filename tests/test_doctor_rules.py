@@ -105,8 +105,8 @@ def test_one_preemption_is_no_storm():
 
 def test_storm_remedy_from_the_peak_kv_demand():
     """63 usable blocks of 128; five requests of 1,536 + 256 tokens (14 blocks each at full
-    length) admitted: 70 blocks needed -> num_gpu_blocks_override 71, or max_num_seqs
-    63 // 14 = 4."""
+    length) admitted: 70 blocks needed -> max_num_seqs 63 // 14 = 4 leads (more blocks let
+    admission take more requests, design.md §7), or num_gpu_blocks_override 71."""
     r = Run()
     for i in range(5):
         r.add(f"R{i}", 1536, 256)
@@ -117,9 +117,11 @@ def test_storm_remedy_from_the_peak_kv_demand():
         r.preempt(f"R{4 - i}", 1024, 1536, 1)
         r.step(decode=3, running=3, waiting=2, preempted=[f"R{4 - i}"])
     f = r.findings()["preemption-storm"]
-    assert (f.remedy.setting, f.remedy.value, f.remedy.whatif) == ("num_gpu_blocks_override", 71, {"num_kv_blocks": 71})
+    assert (f.remedy.setting, f.remedy.value, f.remedy.whatif) == ("max_num_seqs", 4, {"max_num_seqs": 4})
     assert "needed 5 × 14 blocks at full length" in f.remedy.arithmetic and "= 70 blocks" in f.remedy.arithmetic
-    assert f.remedy.alternatives[0]["value"] == 4 and f.remedy.alternatives[0]["whatif"] == {"max_num_seqs": 4}
+    assert "63 // 14.0 blocks per request = 4" in f.remedy.arithmetic
+    alt = f.remedy.alternatives[0]
+    assert (alt["setting"], alt["value"], alt["whatif"]) == ("num_gpu_blocks_override", 71, {"num_kv_blocks": 71})
     assert _ev(f)["first_step"] == 5 and _ev(f)["peak_running"] == 5
 
 
@@ -391,7 +393,7 @@ def test_a_run_with_step_events_off_says_what_it_could_not_check():
     assert _ev(found["preemption-storm"])["per_100_steps"] is None
     checked = _ev(found["not-checked"])["rules"]
     assert set(checked) == {"kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded",
-                            "chunking-without-benefit", "head-of-line-blocking"}
+                            "chunking-without-benefit", "head-of-line-blocking", "held-slots"}
     assert checked["stall"] == "step events are off (scheduler_probe.log_schedule_each_step)"
 
 

@@ -90,3 +90,24 @@ def test_every_finding_of_the_rule_tests_has_its_rules_evidence_type():
         state, ep, _ = run.analyze()
         for f in diagnose(state, ep):
             assert isinstance(f.evidence, RULES[f.id].evidence)
+
+
+def test_every_rules_view_lays_out_its_evidence():
+    """Each finding of the mechanism streams: its rule's view gives text lines, and a
+    step to look at when the rule has one."""
+    from tests.analysis import test_rules_mechanisms as m
+
+    streams = [m._held_stream("quiet", 0.001), m._preempt_only(0.001), m._storm_with_cache(0.001),
+               m._waits(40, 0.001), m._hol_queued(0.001, True), m._priority(0.001)]
+    seen = set()
+    for s in streams:
+        for f in m._found(s).values():
+            lines = RULES[f.id].view(f)
+            assert all(isinstance(x, str) and x for x in lines)
+            seen.add(f.id)
+    assert {"held-slots", "preemption-storm", "preemption-thrash", "unexplained-wait", "head-of-line-blocking",
+            "priority-slot-wait", "not-checked"} <= seen
+    f = m._found(m._waits(40, 0.001))["unexplained-wait"]
+    assert RULES["unexplained-wait"].view(f) == ["W waited 40 steps, 0–39: head blocked by deferred 100%",
+                                                 "over all of them: deferred 100%"]
+    assert RULES["unexplained-wait"].step(f) == 0

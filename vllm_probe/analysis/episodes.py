@@ -53,8 +53,9 @@ TOP_K = 8
 CHUNK_RING = 32_768
 #: Preemption steps kept per request (a request preempted more often keeps its count).
 PREEMPT_STEPS_KEEP = 32
-#: A request is short, for head-of-line blocking, when its prompt is at most this share of
-#: the token budget (it would fit any step's budget many times over).
+#: A request is short, for head-of-line blocking, when the tokens it has left to compute
+#: (prompt minus its prefix-cache hit: a cache-warm follow-up with a long prompt is short)
+#: are at most this share of the token budget (it would fit any step's budget many times over).
 SHORT_PROMPT_SHARE = 0.25
 #: A wait counts as most of a request's time to first token from this share (queue time /
 #: TTFT). AIPerf and vLLM's benchmark report TTFT including queueing; this separates it.
@@ -84,6 +85,12 @@ class Wait:
     queue_s: float | None = None
     ttft_s: float | None = None
     ttft_steps: int | None = None
+    hit_tokens: int = 0  # of its prompt, served by the prefix cache on its first chunk
+
+    @property
+    def to_compute(self) -> int | None:
+        """Prompt tokens it had left to compute (prompt minus its prefix-cache hit)."""
+        return None if self.prompt_len is None else max(self.prompt_len - self.hit_tokens, 0)
 
     @property
     def steps(self) -> int:
@@ -173,6 +180,29 @@ class HeldSlots:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
+#: priority-slot-wait: a request counts when the head was blocked by a full running queue
+#: (:data:`HELD_REASONS`) in at least this many steps of its wait.
+PRIORITY_WAIT_MIN_STEPS = 3
+
+
+@dataclass(slots=True)
+class PriorityWait:
+    """Under the priority policy, a request that waited for a running slot while requests of
+    lower priority (a larger priority value) held slots throughout its wait.
+
+    ``slot_steps``: steps of its wait whose head_blocked_by was a full running queue;
+    ``lower``: ``(req_id, priority)`` of running requests admitted before it arrived and
+    still running when it was admitted (up to 4)."""
+
+    req_id: str
+    priority: int
+    arrival_step: int
+    first_step: int
+    slot_steps: int
+    reasons: dict[str, int]
+    lower: list[tuple[str, int]]
+
+
 class _Pass:
     """A first prefill pass in progress: chunks so far, whether a step of it decoded
     anything, the KV tokens its later chunks re-read, its first step."""
@@ -208,11 +238,16 @@ class EngineEpisodes:
         self._passes: dict[str, _Pass] = {}
         self.chunked_alone = ChunkedAlone()
         self.held = HeldSlots()
+        # priority policy: running requests' (admission step, priority), and the waits for a slot
+        self._running_since: dict[str, tuple[int, int | None]] = {}
+        self.priority_waits = Ranked(TOP_K)
+        self.priority_wait_count = 0
         # preemptions
         self.preempting_steps = Ranked(TOP_K)
         self.first_preempt: tuple[int, int] | None = None  # (step, running queue after it)
         self._preempt_steps: dict[str, list[int]] = {}
         self.repeated = Ranked(TOP_K)
+        self.victim_priorities: dict[int, int] = {}  # preemptions per victim's priority value
         # KV demand at full length of the admitted requests, in blocks
         self._admitted: dict[str, int] = {}
         self.demand_blocks = 0
@@ -384,6 +419,11 @@ class Episodes(StateListener):
                 if req.first_scheduled_step == ev.step:
                     ep._waiting[rid] = (req.arrival_step, step, req.prompt_len, ep._arrival_counts.pop(rid, None),
                                         ep._counts_now())
+                    cfg = eng.config
+                    if cfg is not None and cfg.scheduling_policy == "priority":
+                        self._priority_admitted(ep, req, step, ep._waiting[rid])
+            if eng.config is not None and eng.config.scheduling_policy == "priority":
+                ep._running_since.setdefault(rid, (step, req.priority))
         if ep._passes:
             p = ep._passes.get(rid)
             if p is not None:
@@ -410,7 +450,26 @@ class Episodes(StateListener):
             ep.peak_running = len(ep._admitted)
             ep.peak_step = step
 
+    def _priority_admitted(self, ep: EngineEpisodes, req: RequestState, step: int, w: tuple) -> None:
+        """A request admitted under the priority policy: did it wait for a slot that requests of
+        lower priority held throughout its wait (:class:`PriorityWait`)?"""
+        arrival, _, _, then, now = w
+        if req.priority is None or then is None:
+            return
+        reasons = _diff(now, then)
+        slot_steps = sum(reasons.get(r, 0) for r in HELD_REASONS)
+        if slot_steps < PRIORITY_WAIT_MIN_STEPS:
+            return
+        lower = sorted(((rid, p) for rid, (since, p) in ep._running_since.items()
+                        if since <= arrival and p is not None and p > req.priority), key=lambda x: (-x[1], x[0]))
+        if not lower:
+            return
+        ep.priority_wait_count += 1
+        ep.priority_waits.offer((slot_steps, -arrival), PriorityWait(
+            req.req_id, req.priority, arrival, step, slot_steps, reasons, lower[:4]))
+
     def _release(self, ep: EngineEpisodes, rid: str) -> None:
+        ep._running_since.pop(rid, None)
         blocks = ep._admitted.pop(rid, None)
         if blocks is not None:
             ep.demand_blocks -= blocks
@@ -420,6 +479,8 @@ class Episodes(StateListener):
         rid = req.req_id
         self._release(ep, rid)
         ep._passes.pop(rid, None)
+        if req.priority is not None:
+            ep.victim_priorities[req.priority] = ep.victim_priorities.get(req.priority, 0) + 1
         if ep.first_preempt is None and ev.step is not None and ev.running is not None:
             ep.first_preempt = (ev.step, ev.running)
         steps = ep._preempt_steps.get(rid)
@@ -447,13 +508,15 @@ class Episodes(StateListener):
         queue_s, ttft_s = req.queue_time_s, req.ttft_s
         key = (steps, queue_s or 0.0)
         budget = eng.config.max_num_batched_tokens if eng.config is not None else None
-        blocked = (budget and plen is not None and plen <= SHORT_PROMPT_SHARE * budget and steps > 0
+        to_compute = None if plen is None else plen - (req.prefix_hit_tokens or 0)
+        blocked = (budget and to_compute is not None and to_compute <= SHORT_PROMPT_SHARE * budget and steps > 0
                    and queue_s is not None and ttft_s and queue_s >= QUEUE_SHARE_OF_TTFT * ttft_s)
         if blocked:
             ep.blocked_short_count += 1
         if ep.longest_waits.would_enter(key) or (blocked and ep.blocked_short.would_enter(key)):
             wait = ep._wait(rid, w)
             wait.queue_s, wait.ttft_s, wait.ttft_steps = queue_s, ttft_s, req.ttft_steps
+            wait.hit_tokens = req.prefix_hit_tokens or 0
             ep.longest_waits.offer(key, wait)
             if blocked:
                 ep.blocked_short.offer(key, wait)

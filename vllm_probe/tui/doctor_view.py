@@ -115,9 +115,9 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
         parts.append(baseline_line(replayed["baseline_error"]))
     shown = [f for f in report.findings]
     serious = [f for f in shown if f.severity in (CRITICAL, WARNING)]
-    if not serious:
-        parts.append(Text("No finding above info: nothing held this run back beyond what its workload asked for.",
-                          style="bold green"))
+    if not serious and report.all_clear:
+        parts.append(Text(report.all_clear, style="bold green" if report.all_clear.startswith("No finding above info:")
+                          else "bold yellow"))
     for f in shown:
         parts.append(Text(""))
         parts.append(_finding(f, report.run_dir))

@@ -22,7 +22,7 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .rules import CATALOGUE, FINDING_IDS, RULES, Context
+from .rules import CATALOGUE, FINDING_IDS, RULES, Context, all_clear
 
 __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
            "diagnose", "examine", "has_critical", "FINDING_IDS", "RULES", "expected_of_meta"]
@@ -30,7 +30,7 @@ __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding"
 
 #: Findings that say the scheduler held requests back (``underloaded`` is dropped beside them).
 HELD_BACK = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
-             "budget-bound", "held-slots")
+             "budget-bound", "held-slots", "unexplained-wait", "priority-slot-wait")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,10 @@ class Report:
     stats: ReadStats
     meta: dict
     expected_source: str | None = None
+    #: the line a report shows when no finding is above info, earned (:func:`.rules.all_clear`:
+    #: every request admitted within ADMIT_WITHIN_STEPS steps, else what held them); None
+    #: when a finding is above info
+    all_clear: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``doctor --json``: ``{"run_dir", "findings": [...]}``."""
@@ -75,6 +79,7 @@ def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bo
     checks = check_expected(expected.engine, state.config) if expected is not None and expected.engine else None
     ctx = Context(state, episodes, checks, expected.source if expected is not None else None, live)
     found: list[Finding] = []
+    ctx.cache["found"] = found  # unexplained-wait reads what the rules before it found
     for rule in CATALOGUE:
         for f in rule.evaluate(ctx):
             f.remedy = rule.arithmetic(ctx, f)
@@ -108,7 +113,7 @@ def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None =
         expected = expected_of_meta(meta)
     findings = diagnose(state, episodes, expected)
     return Report(str(run_dir), findings, state, episodes, stats, meta if isinstance(meta, dict) else {},
-                  expected.source if expected is not None else None)
+                  expected.source if expected is not None else None, all_clear(Context(state, episodes), findings))
 
 
 class LiveDiagnosis:

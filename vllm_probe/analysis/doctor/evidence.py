@@ -58,6 +58,8 @@ class StormEvidence(Evidence, kw_only=True):
         usable_kv_blocks: the KV cache's blocks minus the one vLLM reserves.
         readmitted_prefix_hit_tokens: tokens of readmitted requests' re-prefills served from the prefix cache rather than recomputed (vLLM counts them as hits, #25780); null when chunk events are off.
         recomputed_tokens: tokens of readmitted requests' re-prefills that were computed again; null when chunk events are off.
+        victim_priorities: under the priority policy, preemptions per victim priority value (vLLM preempts the running request with the largest (priority, arrival)); left out otherwise.
+        judged_on_count: true when only preempt events were recorded (step and chunk events off): the storm is judged on its count alone; left out otherwise.
     """
 
     preemptions: int
@@ -73,6 +75,8 @@ class StormEvidence(Evidence, kw_only=True):
     usable_kv_blocks: int | None
     readmitted_prefix_hit_tokens: int | None = None
     recomputed_tokens: int | None = None
+    victim_priorities: dict[str, int] | None = None
+    judged_on_count: bool | None = None
 
 
 class ThrashRequest(msgspec.Struct):
@@ -123,6 +127,7 @@ class HolBlocked(msgspec.Struct):
         ttft_s: its time to first token (s).
         queue_share: queue_s / ttft_s (0..1).
         head_blocked_by: steps per head_blocked_by reason while it waited.
+        prefix_hit_tokens: of its prompt, tokens served by the prefix cache (it is short by the tokens left to compute: prompt_len - prefix_hit_tokens).
     """
 
     req_id: str
@@ -133,6 +138,7 @@ class HolBlocked(msgspec.Struct):
     ttft_s: float | None
     queue_share: float | None
     head_blocked_by: dict[str, int]
+    prefix_hit_tokens: int = 0
 
 
 class HolTaker(msgspec.Struct):
@@ -187,6 +193,7 @@ class BoundEvidence(Evidence, kw_only=True):
         inferred_from_queues: the run has no head_blocked_by (an older probe): the limit was inferred from the queues.
         vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (KV capacity / max_model_len); left out when unknown.
         budget_use_median: budget-bound only: the median step's share of the token budget (0..1).
+        concurrency_at_run_lengths: kv-bound only: the requests the KV cache holds at once at this run's lengths (usable blocks // the mean blocks at full length, prompt + max_tokens): the "Maximum concurrency" reading that applies to this workload; left out when unknown.
     """
 
     steps: int
@@ -203,6 +210,7 @@ class BoundEvidence(Evidence, kw_only=True):
     inferred_from_queues: bool
     vllm_max_concurrency: float | None = None
     budget_use_median: float | None = None
+    concurrency_at_run_lengths: int | None = None
 
 
 class StallEvidence(Evidence, kw_only=True):
@@ -238,6 +246,7 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
         waiting_steps: steps of the async engine core after which requests waited.
         share_of_waiting_steps: held_steps / waiting_steps (0..1).
         held_slot_steps: held slots summed over the held steps (slot-steps).
+        held_slot_share: held_slot_steps / (max_num_seqs × waiting_steps): the share of the running slots held while requests waited (0..1).
         held_max: most slots held in one step.
         step_range: the first and last held step, ``[first, last]``.
         max_num_seqs: the engine's max_num_seqs.
@@ -254,6 +263,7 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
     waiting_steps: int
     share_of_waiting_steps: float
     held_slot_steps: int
+    held_slot_share: float
     held_max: int
     step_range: list[int]
     max_num_seqs: int | None
@@ -264,6 +274,86 @@ class HeldSlotsEvidence(Evidence, kw_only=True):
     tokens_mean: float
     head_blocked_by: dict[str, int]
     scheduler_class: str | None
+
+
+class WaitEntry(msgspec.Struct):
+    """A request's wait from arrival to its first prefill chunk.
+
+    Attributes:
+        req_id: the request.
+        waited_steps: steps from arrival to its first chunk (still waiting: so far).
+        steps: the steps it waited, ``[arrival step, first chunk step - 1]``.
+        admitted: it was admitted within the run (false: still waiting at its end).
+        head_blocked_by: steps per head_blocked_by reason while it waited.
+    """
+
+    req_id: str
+    waited_steps: int
+    steps: list[int]
+    admitted: bool
+    head_blocked_by: dict[str, int]
+
+
+class UnexplainedWaitEvidence(Evidence, kw_only=True):
+    """``unexplained-wait``: requests waited longer than ADMIT_WITHIN_STEPS steps and no rule explains why.
+
+    Attributes:
+        admit_within_steps: the threshold ADMIT_WITHIN_STEPS (steps).
+        longest_wait_steps: the longest wait (steps).
+        requests: the longest waits over the threshold (up to 8).
+        head_blocked_by: steps per head_blocked_by reason over those waits.
+    """
+
+    admit_within_steps: int
+    longest_wait_steps: int
+    requests: list[WaitEntry]
+    head_blocked_by: dict[str, int]
+
+
+class RunningRequest(msgspec.Struct):
+    """A running request.
+
+    Attributes:
+        req_id: the request.
+        priority: its priority value (lower runs first).
+    """
+
+    req_id: str
+    priority: int
+
+
+class PriorityWaitEntry(msgspec.Struct):
+    """A high-priority request that waited for a slot.
+
+    Attributes:
+        req_id: the request.
+        priority: its priority value (lower runs first).
+        steps: the steps it waited, ``[arrival step, first chunk step - 1]``.
+        slot_steps: steps of its wait whose head_blocked_by was a full running queue (max_num_seqs or deferred).
+        head_blocked_by: steps per head_blocked_by reason while it waited.
+        lower_priority_running: running requests of lower priority (larger value) that held slots throughout its wait (up to 4).
+    """
+
+    req_id: str
+    priority: int
+    steps: list[int]
+    slot_steps: int
+    head_blocked_by: dict[str, int]
+    lower_priority_running: list[RunningRequest]
+
+
+class PrioritySlotWaitEvidence(Evidence, kw_only=True):
+    """``priority-slot-wait``: under the priority policy, high-priority requests waited for a running slot held by lower-priority ones.
+
+    Attributes:
+        requests: such requests in all.
+        waits: the longest of them (up to 8).
+        max_num_seqs: the engine's max_num_seqs.
+    """
+
+    requests: int
+    waits: list[PriorityWaitEntry]
+    max_num_seqs: int | None
 
 
 class ChunkingEvidence(Evidence, kw_only=True):

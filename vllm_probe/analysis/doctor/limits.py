@@ -33,15 +33,18 @@ KV_FULL = 0.9
 
 
 def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
-    """More KV blocks, or fewer running requests, from the KV demand the run reached.
+    """Fewer running requests, or more KV blocks, from the KV demand the run reached.
 
     The demand is the blocks the admitted requests would hold at full length (prompt +
     ``max_tokens``, capped at ``max_model_len``; vLLM admits on the prompt alone, so
     this is what the cache must hold for them to finish without preemption). At its
-    peak, ``n`` requests needed ``peak`` blocks: ``num_gpu_blocks_override >= peak + 1``
-    (vLLM reserves block 0), or ``max_num_seqs = usable // (peak / n)``. When the peak
-    fits (prefix-cache sharing, ``max_tokens`` unknown), ``max_num_seqs`` drops to the
-    running queue left by the first preemption.
+    peak, ``n`` requests needed ``peak`` blocks: ``max_num_seqs = usable // (peak / n)``
+    leads (when it is below the recorded ``max_num_seqs``), ``num_gpu_blocks_override >=
+    peak + 1`` (vLLM reserves block 0) is the alternative: more blocks let admission take
+    more requests, which outgrow the larger cache in turn (design.md §7: 176 blocks
+    needed at the peak, 181 given, still 40 preemptions of 64). When the peak fits
+    (prefix-cache sharing, ``max_tokens`` unknown), ``max_num_seqs`` drops to the running
+    queue left by the first preemption.
     """
     cfg = eng.config
     if cfg is None or not cfg.num_kv_blocks or not cfg.block_size:
@@ -55,15 +58,25 @@ def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
         sizes = [b for b, k in ep.full_blocks_seen.items() if k]
         each = f"{n} × {sizes[0]} blocks" if len(sizes) == 1 else f"{n} requests, {per:.1f} blocks each on average"
         seqs = max(int(usable // per), 1)
+        blocks_text = (f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
+                       f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has {fmt_count(usable)} "
+                       f"(+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a GPU: raise "
+                       f"gpu_memory_utilization until vLLM reports that many blocks)")
+        if cfg.max_num_seqs and seqs < cfg.max_num_seqs:
+            return Remedy(
+                "max_num_seqs", seqs,
+                f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
+                f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks against {fmt_count(usable)} usable: "
+                f"{fmt_count(usable)} // {per:.1f} blocks per request = {seqs} run to the end without preemption → "
+                f"max_num_seqs {seqs}",
+                tradeoff, SRC_VLLM_PREEMPTION, whatif={"max_num_seqs": seqs},
+                alternatives=[{"setting": "num_gpu_blocks_override", "value": peak + 1,
+                               "whatif": {"num_kv_blocks": peak + 1},
+                               "arithmetic": blocks_text + "; more blocks also let admission take more requests, "
+                                             "which can outgrow the cache again (check with --whatif)"}])
         return Remedy(
-            "num_gpu_blocks_override", peak + 1,
-            f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
-            f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has {fmt_count(usable)} "
-            f"(+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a GPU: raise gpu_memory_utilization "
-            f"until vLLM reports that many blocks)",
-            tradeoff, SRC_VLLM_PREEMPTION, whatif={"num_kv_blocks": peak + 1},
-            alternatives=[{"setting": "max_num_seqs", "value": seqs, "whatif": {"max_num_seqs": seqs},
-                           "arithmetic": f"{fmt_count(usable)} usable blocks // {per:.1f} blocks per request = {seqs}"}])
+            "num_gpu_blocks_override", peak + 1, blocks_text,
+            tradeoff, SRC_VLLM_PREEMPTION, whatif={"num_kv_blocks": peak + 1})
     if ep.first_preempt is not None:
         step, running = ep.first_preempt
         seqs = max(running, 1)
@@ -168,9 +181,16 @@ def bound(ctx: Context) -> list[Finding]:
             concurrency = _vllm_concurrency(cfg)
             if concurrency is not None:
                 evidence.vllm_max_concurrency = round(concurrency, 2)
+                per = _mean_full_blocks(ep)
+                at_run = int((cfg.num_kv_blocks - 1) // per) if per and cfg.num_kv_blocks else None
+                evidence.concurrency_at_run_lengths = at_run
                 if agg.running_max > concurrency * 1.5:
                     msg += (f"; vLLM's start-up line \"Maximum concurrency {concurrency:.2f}x\" assumes every request "
                             f"fills max_model_len, this run ran {agg.running_max} at once")
+                    if at_run is not None:
+                        msg += (f"; at this run's request lengths (prompt + max_tokens, {per:.1f} blocks each on "
+                                f"average) the cache holds {fmt_count(at_run)} request{'s' if at_run != 1 else ''} to "
+                                f"the end at once: that is the reading that applies")
             out.append(Finding("kv-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
         elif fid == "budget-bound":
             use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
@@ -264,11 +284,20 @@ def _seqs_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remed
             return None  # the KV cache is as full as the queue: raising it would only move the limit
         add = min(more, agg.waiting_max)
         want = seqs + add
+        cap = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1) if ep.full_blocks_max else None
+        capped = cap is not None and want > cap
+        if capped:
+            # never more slots than the cache holds at full length: a storm's remedy lowered
+            # max_num_seqs to that, and asking for more would undo it (advice converges)
+            want, add = cap, cap - seqs
+            if add <= 0:
+                return None
         return Remedy(
             "max_num_seqs", want,
             f"{fmt_pct(1 - agg.kv_mean)} of {fmt_count(cfg.num_kv_blocks - 1)} KV blocks ({free:.0f}) free on average while the "
             f"queue was full, {per:.1f} blocks per request at full length → room for {more} more: max_num_seqs "
-            f"{seqs} + {add} = {want}",
+            f"{seqs} + {add} = {want}" + (f" (at most {cap}: the cache holds {cap} of the largest requests, "
+                                          f"{ep.full_blocks_max} blocks each, at full length)" if capped else ""),
             "more requests per step: each decode step takes longer (inter-token latency)", SRC_SGLANG,
             whatif={"max_num_seqs": want})
     want = seqs + agg.waiting_max

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from ..episodes import QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
+from ..episodes import PRIORITY_WAIT_MIN_STEPS, QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
 from ..expected import DIFFERS, NOT_RECORDED, NOT_V1
 from ..figures import Distribution, budget_use_counts
 from . import limits
@@ -37,6 +37,7 @@ from .context import (
     wrote,
 )
 from .evidence import (
+    Evidence, PrioritySlotWaitEvidence, PriorityWaitEntry, RunningRequest, UnexplainedWaitEvidence, WaitEntry,
     BoundEvidence, BusiestStep, ChunkingEvidence, ConfigEvidence, HeldSlotsEvidence, HolBlocked, HolEvidence, HolTaker,
     NotCheckedEvidence,
     NotInV1, SettingDiffers, StallEvidence, StormEvidence, ThrashEvidence, ThrashRequest, UnderloadedEvidence,
@@ -93,6 +94,20 @@ HELD_MIN_STEPS = 3
 #: ... and at least this share of the async engine's steps with requests waiting (below it
 #: the held slots are incidental: a finished request frees its slot one step later anyway).
 HELD_MIN_SHARE = 0.2
+#: ... and the held slots at least this share of the slots (max_num_seqs per async step with
+#: requests waiting): with long outputs one finishing request holds 1 of max_num_seqs slots
+#: for one step now and then, a few percent of the capacity; with one-token outputs half of
+#: the slots are held (design.md §7: every other step).
+HELD_MIN_SLOT_SHARE = 0.1
+#: "Nothing held this run back" is said only when every request was admitted within this
+#: many steps of arriving (its first prefill chunk); a longer wait that no rule explains is
+#: ``unexplained-wait`` (issue 17: the all-clear must be earned). Measured here: the
+#: longest wait in the healthy scenarios (light, lone-long-prompt) is at most 2 steps; 32
+#: leaves room for a burst admitted a few requests per step.
+ADMIT_WITHIN_STEPS = 32
+#: Findings that explain a wait (the scheduler held requests back, by a named limit).
+EXPLAINS_WAITS = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
+                  "budget-bound", "held-slots", "priority-slot-wait")
 #: chunking-without-benefit is a warning when the steps chunking added are at least this
 #: share of the run (else info).
 CHUNK_ALONE_WARN_SHARE = 0.05
@@ -120,7 +135,10 @@ def preemption_storm(ctx: Context) -> list[Finding]:
         per_100 = 100 * n / eng.steps if eng.steps else None  # None: step events are off
         work = eng.scheduled_tokens or eng.chunk_tokens  # step events off: the prefill chunks
         share = eng.discarded_tokens / work if work else 0.0
-        if (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
+        # only preempt events (step and chunk events off): neither rate nor cost is known, and
+        # every preemption discarded computed work: judged on the count alone
+        count_only = per_100 is None and not work
+        if not count_only and (per_100 is None or per_100 < STORM_PER_100_STEPS) and share < STORM_DISCARD_SHARE:
             continue
         busiest = [BusiestStep(step, victims) for step, victims in ep.preempting_steps.items()[:3]]
         first = ep.first_preempt[0] if ep.first_preempt else (busiest[0].step if busiest else None)
@@ -128,18 +146,37 @@ def preemption_storm(ctx: Context) -> list[Finding]:
                 if per_100 is not None else f"({fmt_count(eng.requests_preempted)} requests)")
         of_what = ("of the tokens the engine computed" if eng.scheduled_tokens else
                    "of the prompt tokens it prefilled (decode tokens are not known with step events off)")
-        msg = (f"{fmt_count(n)} preemptions {rate}"
-               + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
-                  if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+        if count_only:
+            msg = (f"{fmt_count(n)} preemptions ({fmt_count(eng.requests_preempted)} requests)"
+                   + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens" if eng.discarded_tokens else "")
+                   + (f"; the first at step {first}" if first is not None else "")
+                   + " (only preempt events were recorded: how often and how costly against the whole run is not known)")
+        else:
+            msg = (f"{fmt_count(n)} preemptions {rate}"
+                   + (f" threw away {fmt_count(eng.discarded_tokens)} computed tokens, {fmt_pct(share)} {of_what}"
+                      if eng.discarded_tokens else "") + (f"; the first at step {first}" if first is not None else ""))
+        hits = recomputed = None
+        if wrote(eng, "log_chunk_boundaries") and eng.resumed_passes:
+            hits, recomputed = eng.resumed_prefix_hit_tokens, eng.recomputed_tokens
+            if hits:
+                msg += (f"; the readmitted requests' re-prefills recomputed {fmt_count(recomputed)} tokens and took "
+                        f"{fmt_count(hits)} from the prefix cache (vLLM counts those as prefix-cache hits, #25780)")
+        victims_by = None
+        if eng.config is not None and eng.config.scheduling_policy == "priority" and ep.victim_priorities:
+            victims_by = {str(k): v for k, v in sorted(ep.victim_priorities.items())}
+            msg += ("; under the priority policy vLLM preempts the running request with the largest (priority, "
+                    "arrival): victims by priority " + ", ".join(f"{k}: {v}" for k, v in victims_by.items()))
         out.append(Finding(
-            "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE else WARNING, msg,
+            "preemption-storm", CRITICAL if share >= STORM_CRITICAL_DISCARD_SHARE and not count_only else WARNING, msg,
             StormEvidence(
                 engine=engine_of(ctx, eng), preemptions=n, requests=eng.requests_preempted,
                 per_100_steps=round(per_100, 2) if per_100 is not None else None,
                 discarded_tokens=eng.discarded_tokens, computed_tokens=work, discarded_share=round(share, 4),
                 first_step=first, busiest_steps=busiest, peak_kv_demand_blocks=ep.peak_demand_blocks or None,
                 peak_running=ep.peak_running or None,
-                usable_kv_blocks=(eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None),
+                usable_kv_blocks=(eng.config.num_kv_blocks - 1) if eng.config and eng.config.num_kv_blocks else None,
+                readmitted_prefix_hit_tokens=hits, recomputed_tokens=recomputed, victim_priorities=victims_by,
+                judged_on_count=count_only or None),
             basis=(eng, ep)))
     return out
 
@@ -243,6 +280,7 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
         total = max(v[3] for v in victims)
         shares = [w.queue_share for w in waits if w.queue_share is not None]
         short_prompts = sorted({w.prompt_len for w in waits if w.prompt_len is not None})
+        warm = [w for w in waits if w.hit_tokens]
         first, last = min(w.arrival_step for w in waits), max(w.first_step for w in waits) - 1
         names = sorted(takers, key=lambda r: -takers[r][0])
         long_prompts = sorted({p for _, p in takers.values() if p})
@@ -255,13 +293,17 @@ def head_of_line_blocking(ctx: Context) -> list[Finding]:
                f"({'/'.join(fmt_count(p) for p in short_prompts)}-token prompts) waited up to {max(w.steps for w in waits)} "
                f"steps for their first chunk while {who} took {fmt_pct(taken / total)} of the prefill tokens "
                f"(steps {first}-{last}); queue time was {pct_range(shares)} of their time to first token")
+        if warm:
+            msg += (f"; {len(warm)} of them cache-warm ({'/'.join(fmt_count(w.to_compute or 0) for w in warm)} tokens "
+                    f"left to compute after prefix-cache hits)")
         if ep.blocked_short_count > len(waits):
             msg += f" ({ep.blocked_short_count} short requests waited mostly in the queue in all)"
         starts = ep.first_chunk_steps(names)
         out.append(Finding("head-of-line-blocking", WARNING, msg, HolEvidence(
             engine=engine_of(ctx, eng),
             blocked=[HolBlocked(w.req_id, w.prompt_len, w.steps, [w.arrival_step, w.first_step - 1], rounded(w.queue_s),
-                                rounded(w.ttft_s), rounded(w.queue_share), dict(w.reasons)) for w in waits],
+                                rounded(w.ttft_s), rounded(w.queue_share), dict(w.reasons), w.hit_tokens)
+                     for w in waits],
             takers=[HolTaker(rid, takers[rid][1], takers[rid][0], st) for rid, st in zip(names, starts)],
             taken_share=round(taken / total, 4), short_requests_blocked=ep.blocked_short_count,
             complete=all(v[4] for v in victims)),
@@ -295,7 +337,15 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
     # budget, or priority, gets the short ones in sooner)
     arrived = min(w.arrival_step for w in waits)
     running_before = all(s is not None and s < arrived for s in starts)
-    short_total = sum(w.prompt_len or 0 for w in waits)
+    short_total = sum(w.to_compute or 0 for w in waits)
+    quarter = max(budget // 4, 1)
+    long_prefill_alt = {
+        "setting": "long_prefill_token_threshold", "value": quarter, "whatif": {"long_prefill_token_threshold": quarter},
+        "arithmetic": f"a quarter of the budget ({fmt_count(budget)} // 4 = {fmt_count(quarter)}) caps each long "
+                      f"prefill's chunk so the short requests fit beside them (design.md §7: a quarter of the budget "
+                      f"cut the short requests' queue p90 from 2.9 s to 0.86 s)"}
+    priority_alt = {"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
+                    "arithmetic": "send short requests with a higher priority (a lower priority value)"}
     if running_before:
         cap = max(budget - short_total, budget // 2)
         remedy = Remedy(
@@ -313,6 +363,23 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
         # prompts are prefilled together, before any of them can hit the prefix cache
         long_total = sum(plen or tokens for tokens, plen in takers.values())
         want = round_up(long_total + short_total + decodes, 256)
+        if want > BUDGET_MAX_FACTOR * budget:
+            # a budget that takes every queued prompt at once is far beyond what operators run
+            # (issue 17: 40,960 for a 512 budget): cap the long prefills' chunks instead
+            most = BUDGET_MAX_FACTOR * budget
+            return Remedy(
+                "long_prefill_token_threshold", quarter,
+                f"the short requests waited behind the prefills of long requests queued ahead of them; a budget "
+                f"holding those prompts ({fmt_count(long_total)} tokens) + the short ones' {fmt_count(short_total)} "
+                f"would be {fmt_count(want)}, more than {BUDGET_MAX_FACTOR}× the {fmt_count(budget)}-token budget → "
+                f"long_prefill_token_threshold {fmt_count(quarter)} (a quarter of the budget) caps each long prefill's "
+                f"chunk so the short requests fit beside them (design.md §7: 2.9 s → 0.86 s short-request queue p90)",
+                "the long prompts take more steps to prefill (their own TTFT grows; +61 % worst in design.md §7)",
+                SRC_VLLM_CHUNKED, whatif={"long_prefill_token_threshold": quarter},
+                alternatives=[{"setting": "max_num_batched_tokens", "value": most,
+                               "whatif": {"max_num_batched_tokens": most},
+                               "arithmetic": f"the largest budget offered, {BUDGET_MAX_FACTOR}× the recorded one"},
+                              priority_alt])
         remedy = Remedy(
             "max_num_batched_tokens", want,
             f"the short requests waited behind the prefills of long requests queued ahead of them; their prompts "
@@ -321,8 +388,7 @@ def head_of_line_remedy(ctx: Context, f: Finding) -> Remedy | None:
             f"max_num_batched_tokens {fmt_count(want)} admits them in the same step",
             "larger steps: running decodes wait longer per token (inter-token latency)", SRC_VLLM_CHUNKED,
             whatif={"max_num_batched_tokens": want},
-            alternatives=[{"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
-                           "arithmetic": "send short requests with a higher priority (a lower priority value)"}])
+            alternatives=[long_prefill_alt, priority_alt])
     return remedy
 
 
@@ -402,7 +468,9 @@ def stall_remedy(ctx: Context, f: Finding) -> Remedy | None:
 def _held_fires(ep: EngineEpisodes) -> bool:
     """Whether held-slots' thresholds are met on this engine core."""
     h = ep.held
-    return h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
+    seqs = ep.eng.config.max_num_seqs if ep.eng.config is not None else None
+    return (h.steps >= HELD_MIN_STEPS and bool(h.waiting_steps) and h.steps >= HELD_MIN_SHARE * h.waiting_steps
+            and bool(seqs) and h.slot_steps >= HELD_MIN_SLOT_SHARE * seqs * h.waiting_steps)
 
 
 def held_slots(ctx: Context) -> list[Finding]:
@@ -426,7 +494,8 @@ def held_slots(ctx: Context) -> list[Finding]:
                f"{fmt_count(h.tokens_max)} tokens)")
         out.append(Finding("held-slots", WARNING, msg, HeldSlotsEvidence(
             engine=engine_of(ctx, eng), held_steps=h.steps, waiting_steps=h.waiting_steps,
-            share_of_waiting_steps=round(share, 4), held_slot_steps=h.slot_steps, held_max=h.held_max,
+            share_of_waiting_steps=round(share, 4), held_slot_steps=h.slot_steps,
+            held_slot_share=round(h.slot_steps / (cfg.max_num_seqs * h.waiting_steps), 4), held_max=h.held_max,
             step_range=[h.first_step, h.last_step], max_num_seqs=cfg.max_num_seqs, running_max=h.running_max,
             waiting_max=h.waiting_max, tokens_min=h.tokens_min, tokens_max=h.tokens_max, tokens_mean=round(mean, 2),
             head_blocked_by=dict(h.reasons), scheduler_class=cfg.scheduler_class), basis=(eng, ep)))
@@ -436,7 +505,7 @@ def held_slots(ctx: Context) -> list[Finding]:
 def held_slots_remedy(ctx: Context, f: Finding) -> Remedy | None:
     """``async_scheduling`` off; or ``max_num_seqs`` up by the most slots held, within what
     the KV cache holds at full length."""
-    e: HeldSlotsEvidence = f.evidence
+    e = _ev(f, HeldSlotsEvidence)
     eng, ep = f.basis
     cfg = eng.config
     alternatives = []
@@ -471,11 +540,159 @@ def _seqs_cap(eng: Any, ep: EngineEpisodes) -> int | None:
 
 
 def view_held(f: Finding) -> list[str]:
-    e: HeldSlotsEvidence = f.evidence
+    e = _ev(f, HeldSlotsEvidence)
     return [f"held steps {_steps(e.step_range)} · slots held max {e.held_max} ({fmt_count(e.held_slot_steps)} slot-steps) · "
             f"running max {e.running_max} of {fmt_count_or(e.max_num_seqs)} · waiting max {e.waiting_max}",
             f"tokens per held step {fmt_count(e.tokens_min)}–{fmt_count(e.tokens_max)} (mean {e.tokens_mean:,.0f}) · "
             f"head blocked by {_reasons(e.head_blocked_by)} · {e.scheduler_class or 'scheduler not recorded'}"]
+
+
+def _waits(ep: EngineEpisodes) -> list[Wait]:
+    """Waits, longest first; a request not admitted by the end counts only when the steps of
+    its wait say requests waited (head_blocked_by recorded): a hand-made or truncated stream
+    may never show a request's first chunk."""
+    last = ep.eng.last_step
+    return [w for w in ep.all_waits() if w.first_step <= last or w.reasons]
+
+
+def priority_slot_wait(ctx: Context) -> list[Finding]:
+    """Under the priority policy: high-priority requests waited for a running slot held by
+    lower-priority requests (vLLM preempts for KV blocks, never for slots)."""
+    out = []
+    for eng, ep in engines_of(ctx):
+        if not ep.priority_wait_count:
+            continue
+        waits = ep.priority_waits.items()
+        worst = waits[0]
+        low_rid, low_p = worst.lower[0]
+        cfg = eng.config
+        msg = (f"{ep.priority_wait_count} request{'s' if ep.priority_wait_count != 1 else ''} of higher priority waited "
+               f"for a running slot while requests of lower priority held all {fmt_count_or(cfg.max_num_seqs)} "
+               f"(e.g. {worst.req_id}, priority {worst.priority}, waited {fmt_count(worst.slot_steps)} steps with the "
+               f"running queue full while {low_rid}, priority {low_p}, ran): vLLM preempts for KV blocks, never for "
+               f"a slot, so priority does not get a request past a full running queue")
+        out.append(Finding("priority-slot-wait", WARNING, msg, PrioritySlotWaitEvidence(
+            engine=engine_of(ctx, eng), requests=ep.priority_wait_count,
+            waits=[PriorityWaitEntry(w.req_id, w.priority, [w.arrival_step, w.first_step - 1], w.slot_steps,
+                                     dict(w.reasons), [RunningRequest(r, p) for r, p in w.lower]) for w in waits],
+            max_num_seqs=cfg.max_num_seqs), basis=(eng, ep)))
+    return out
+
+
+def priority_slot_remedy(ctx: Context, f: Finding) -> Remedy | None:
+    """``max_num_seqs`` up by the requests that waited (within what the cache holds at full length)."""
+    e = _ev(f, PrioritySlotWaitEvidence)
+    eng, ep = f.basis
+    seqs = eng.config.max_num_seqs or 0
+    add = min(e.requests, len(e.waits)) or 1
+    want = seqs + add
+    cap = _seqs_cap(eng, ep)
+    if cap is not None:
+        want = min(want, cap)
+    if want <= seqs:
+        return None
+    return Remedy(
+        "max_num_seqs", want,
+        f"max_num_seqs {seqs} + {add} (the high-priority requests that waited for a slot at once, at most) = {want}"
+        + (f", at most the {cap} requests the KV cache holds at full length" if cap is not None else "")
+        + ": a free slot admits them by priority",
+        "more requests per step: each decode step takes longer (inter-token latency)",
+        "vLLM 0.32 scheduler.py:776-841 (preemption only when allocate_slots fails) and :921-924 (the slot limit)",
+        whatif={"max_num_seqs": want})
+
+
+def view_priority(f: Finding) -> list[str]:
+    e = _ev(f, PrioritySlotWaitEvidence)
+    return [f"{w.req_id} (priority {w.priority}) waited {_steps(w.steps)}, {fmt_count(w.slot_steps)} steps with the "
+            f"running queue full; running meanwhile: " + ", ".join(f"{r.req_id} (priority {r.priority})"
+                                                                   for r in w.lower_priority_running)
+            for w in e.waits[:4]]
+
+
+def _long_waits(ep: EngineEpisodes) -> list[Wait]:
+    return [w for w in _waits(ep) if w.steps > ADMIT_WITHIN_STEPS]
+
+
+def longest_wait_steps(ctx: Context) -> int | None:
+    """The longest wait from arrival to the first prefill chunk over the run's engine cores
+    (steps; still-waiting requests count their wait so far); None when chunk or request
+    events are off (waits are not known)."""
+    longest: int | None = None
+    for eng, ep in engines_of(ctx):
+        if not (wrote(eng, "log_chunk_boundaries") and wrote(eng, "log_request_events")):
+            return None
+        waits = _waits(ep)
+        longest = max(longest or 0, waits[0].steps if waits else 0)
+    return longest
+
+
+def unexplained_wait(ctx: Context) -> list[Finding]:
+    """Requests that waited more than :data:`ADMIT_WITHIN_STEPS` steps for their first chunk
+    while no finding of :data:`EXPLAINS_WAITS` names what held them: name the head_blocked_by
+    reasons over their waits, even if no rule explains why."""
+    out = []
+    found = ctx.cache.get("found", [])
+    for eng, ep in engines_of(ctx):
+        if not (wrote(eng, "log_chunk_boundaries") and wrote(eng, "log_request_events")):
+            ctx.not_checked["unexplained-wait"] = ("needs chunk and request events (scheduler_probe.log_chunk_boundaries, "
+                                                   "log_request_events): how long requests waited is not known")
+            continue
+        engine = engine_of(ctx, eng)
+        if any(f.id in EXPLAINS_WAITS and f.engine in (engine, None) for f in found):
+            continue
+        waits = _long_waits(ep)
+        if not waits:
+            continue
+        reasons: dict[str, int] = {}
+        for w in waits:
+            for k, v in w.reasons.items():
+                reasons[k] = reasons.get(k, 0) + v
+        last = eng.last_step
+        longest = waits[0]
+        listed = waits[:TOP_WAITS_LISTED]
+        why = (f"; the head of the queue was blocked by {_reasons(reasons)} over their waits" if reasons else
+               "; the run records no head_blocked_by for those steps")
+        msg = (f"{len(waits)}{'+' if len(waits) >= TOP_WAITS_LISTED else ''} request{'s' if len(waits) != 1 else ''} "
+               f"waited more than {ADMIT_WITHIN_STEPS} steps for their first chunk (longest {longest.req_id}, "
+               f"{fmt_count(longest.steps)} steps from step {longest.arrival_step}) and no rule explains it{why}")
+        out.append(Finding("unexplained-wait", WARNING, msg, UnexplainedWaitEvidence(
+            engine=engine, admit_within_steps=ADMIT_WITHIN_STEPS, longest_wait_steps=longest.steps,
+            requests=[WaitEntry(w.req_id, w.steps, [w.arrival_step, w.first_step - 1], w.first_step <= last,
+                                dict(w.reasons)) for w in listed],
+            head_blocked_by=reasons)))
+    return out
+
+
+#: Waits listed in unexplained-wait's evidence (the longest; episodes keep this many).
+TOP_WAITS_LISTED = 8
+
+
+def view_unexplained(f: Finding) -> list[str]:
+    e = _ev(f, UnexplainedWaitEvidence)
+    out = [f"{w.req_id} waited {fmt_count(w.waited_steps)} steps, {_steps(w.steps)}"
+           + ("" if w.admitted else " (still waiting at the end)")
+           + (f": head blocked by {_reasons(w.head_blocked_by)}" if w.head_blocked_by else "") for w in e.requests[:4]]
+    if e.head_blocked_by:
+        out.append("over all of them: " + _reasons(e.head_blocked_by))
+    return out
+
+
+def all_clear(ctx: Context, findings: list[Finding]) -> str | None:
+    """The report's line when no finding is above info, earned: said only when every
+    request was admitted within :data:`ADMIT_WITHIN_STEPS` steps (else what held them);
+    None when a finding is above info."""
+    if any(f.severity in (CRITICAL, WARNING) for f in findings):
+        return None
+    longest = longest_wait_steps(ctx)
+    if longest is None:
+        return ("No finding above info; how long requests waited is not known (chunk or request events are off), so "
+                "whether anything held them back is not checked.")
+    if longest <= ADMIT_WITHIN_STEPS:
+        return (f"No finding above info: every request was admitted within {ADMIT_WITHIN_STEPS} steps "
+                f"(the longest waited {fmt_count(longest)}); nothing held this run back.")
+    named = [f.id for f in findings if f.id in EXPLAINS_WAITS]
+    return (f"No finding above info, but requests waited up to {fmt_count(longest)} steps for their first chunk"
+            + (f": {', '.join(named)} (info) names what held them." if named else "."))
 
 
 def chunking_without_benefit(ctx: Context) -> list[Finding]:
@@ -488,6 +705,8 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
             continue
         share = c.extra_steps / eng.steps
         want = round_up(max(c.longest_prompt, cfg.max_num_batched_tokens or 0), 256)
+        if cfg.max_num_batched_tokens:
+            want = min(want, BUDGET_MAX_FACTOR * cfg.max_num_batched_tokens)  # within what operators run
         msg = (f"{c.prompts} prompt{'s were' if c.prompts != 1 else ' was'} cut into chunks while nothing decoded "
                f"alongside: chunking only added {fmt_count(c.extra_steps)} step{'s' if c.extra_steps != 1 else ''} "
                f"({fmt_pct(share)} of the run) and "
@@ -505,11 +724,16 @@ def chunking_without_benefit(ctx: Context) -> list[Finding]:
 
 def chunking_remedy(ctx: Context, f: Finding) -> Remedy | None:
     """A budget that holds the longest such prompt, rounded up to 256."""
-    e: ChunkingEvidence = f.evidence
+    e = _ev(f, ChunkingEvidence)
     want = f.basis
-    return Remedy("max_num_batched_tokens", want,
-                  f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens), rounded up to 256 → "
-                  f"max_num_batched_tokens {fmt_count(want)} prefills it in one step",
+    if want < e.example_prompt_len:
+        text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens) is more than {BUDGET_MAX_FACTOR}× "
+                f"the budget: max_num_batched_tokens {fmt_count(want)} ({BUDGET_MAX_FACTOR}×, the most offered) cuts it "
+                f"into fewer chunks")
+    else:
+        text = (f"the longest such prompt ({fmt_count(e.example_prompt_len)} tokens), rounded up to 256 → "
+                f"max_num_batched_tokens {fmt_count(want)} prefills it in one step")
+    return Remedy("max_num_batched_tokens", want, text,
                   "when requests do decode alongside, a larger budget makes their steps longer (inter-token latency)",
                   SRC_SEED_34 + "; " + SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
 
@@ -597,7 +821,7 @@ def not_checked(ctx: Context) -> list[Finding]:
     for eng in ctx.state.engines.values():
         if not wrote(eng, "log_schedule_each_step"):
             for rid in ("kv-bound", "budget-bound", "seqs-bound", "stall", "underloaded", "chunking-without-benefit",
-                        "head-of-line-blocking"):
+                        "head-of-line-blocking", "held-slots"):
                 ctx.not_checked.setdefault(rid, "step events are off (scheduler_probe.log_schedule_each_step)")
         if not wrote(eng, "log_chunk_boundaries"):
             ctx.not_checked.setdefault("chunking-without-benefit",
@@ -637,7 +861,7 @@ def _reasons(d: dict[str, int]) -> str:
 
 
 def view_storm(f: Finding) -> list[str]:
-    e: StormEvidence = f.evidence
+    e = _ev(f, StormEvidence)
     out = []
     if e.busiest_steps:
         out.append("busiest steps: " + ", ".join(f"{b.step} ({', '.join(b.preempted[:3])})" for b in e.busiest_steps))
@@ -648,7 +872,7 @@ def view_storm(f: Finding) -> list[str]:
 
 
 def view_thrash(f: Finding) -> list[str]:
-    e: ThrashEvidence = f.evidence
+    e = _ev(f, ThrashEvidence)
     requests = e.requests
     out = [f"{r.req_id} ×{r.preemptions} at steps {', '.join(str(s) for s in r.steps[:8])}"
            f"{' …' if len(r.steps) > 8 else ''} (discarded {fmt_count_or(r.discarded_tokens)} tok, "
@@ -662,7 +886,7 @@ def view_thrash(f: Finding) -> list[str]:
 
 
 def view_hol(f: Finding) -> list[str]:
-    e: HolEvidence = f.evidence
+    e = _ev(f, HolEvidence)
     out = [f"{b.req_id} (prompt {fmt_count_or(b.prompt_len)}) waited {b.waited_steps} steps, {_steps(b.steps)}: "
            f"queue {fmt_duration(b.queue_s)} of TTFT {fmt_duration(b.ttft_s)}" for b in e.blocked[:4]]
     for t in e.takers[:4]:
@@ -673,14 +897,14 @@ def view_hol(f: Finding) -> list[str]:
 
 
 def view_bound(f: Finding) -> list[str]:
-    e: BoundEvidence = f.evidence
+    e = _ev(f, BoundEvidence)
     return [f"steps {_steps(e.step_range)} · running max {e.running_max} (mean {e.running_mean:.1f}) · "
             f"waiting max {e.waiting_max} (mean {e.waiting_mean:.1f}) · KV {fmt_figure(e.kv_usage_mean, '%')} "
             f"mean" + (" · inferred from the queues" if e.inferred_from_queues else "")]
 
 
 def view_stall(f: Finding) -> list[str]:
-    e: StallEvidence = f.evidence
+    e = _ev(f, StallEvidence)
     out = ["stalls at steps " + ", ".join(_steps(s) for s in e.stalls)]
     if e.head_blocked_by:
         out.append("head blocked by " + _reasons(e.head_blocked_by))
@@ -690,12 +914,12 @@ def view_stall(f: Finding) -> list[str]:
 
 
 def view_chunking(f: Finding) -> list[str]:
-    e: ChunkingEvidence = f.evidence
+    e = _ev(f, ChunkingEvidence)
     return [f"e.g. {e.example} ({fmt_count_or(e.example_prompt_len)} tokens), steps {_steps(e.example_steps)}"]
 
 
 def view_config(f: Finding) -> list[str]:
-    e: ConfigEvidence = f.evidence
+    e = _ev(f, ConfigEvidence)
     out = [f"{d.setting}: expected {fmt_figure(d.expected)}, in force {fmt_figure(d.effective)}" for d in e.differs]
     if e.not_recorded:
         out.append("not recorded by engine_config (not checked): " + ", ".join(e.not_recorded))
@@ -705,7 +929,7 @@ def view_config(f: Finding) -> list[str]:
 
 
 def view_underloaded(f: Finding) -> list[str]:
-    e: UnderloadedEvidence = f.evidence
+    e = _ev(f, UnderloadedEvidence)
     return [f"requests waited after {fmt_count_or(e.waiting_steps)} of {fmt_count_or(e.total_steps)} steps · "
             f"median step {fmt_figure(e.budget_use_median, '%')} of the token budget"
             + (" · one offline burst" if e.burst else "")]
@@ -780,12 +1004,46 @@ KNOB_ASYNC_OFF = Knob("async_scheduling", "set", lambda settings, finding: [Fals
 
 
 def _hol_goal(f: Finding) -> Goal:
-    e: HolEvidence = f.evidence
+    e = _ev(f, HolEvidence)
     return Goal("ttft_p90", reduce_by=0.5, requests=tuple(b.req_id for b in e.blocked))
 
 
 def _first_of(r: list[int] | None) -> int | None:
     return r[0] if r and isinstance(r[0], int) else None
+
+
+E = TypeVar("E", bound=Evidence)
+
+
+def _ev(f: Finding, cls: type[E]) -> E:
+    """``f.evidence`` as its rule's type (every finding of a rule carries that type)."""
+    e = f.evidence
+    assert isinstance(e, cls), (f.id, type(e).__name__)
+    return e
+
+
+def _thrash_step(f: Finding) -> int | None:
+    e = _ev(f, ThrashEvidence)
+    return e.requests[0].steps[0] if e.requests and e.requests[0].steps else None
+
+
+def _hol_step(f: Finding) -> int | None:
+    e = _ev(f, HolEvidence)
+    return e.blocked[0].steps[0] if e.blocked else None
+
+
+def _bound_step(f: Finding) -> int | None:
+    return _first_of(_ev(f, BoundEvidence).step_range)
+
+
+def _priority_step(f: Finding) -> int | None:
+    e = _ev(f, PrioritySlotWaitEvidence)
+    return e.waits[0].steps[0] if e.waits else None
+
+
+def _unexplained_step(f: Finding) -> int | None:
+    e = _ev(f, UnexplainedWaitEvidence)
+    return e.requests[0].steps[0] if e.requests else None
 
 
 # -- the catalogue ----------------------------------------------------------------------------------
@@ -814,7 +1072,7 @@ CATALOGUE: tuple[Rule, ...] = (
         goal=lambda f: (Goal("held_slot_steps", reduce_by=0.9) if f.basis and f.basis[0] == "async"
                         else Goal("queue_p90", reduce_by=0.3)),
         knobs=(KNOB_BLOCKS_UP, KNOB_ASYNC_OFF),
-        arithmetic=stall_remedy, view=view_stall, step=lambda f: f.evidence.first_step,
+        arithmetic=stall_remedy, view=view_stall, step=lambda f: _ev(f, StallEvidence).first_step,
         severity=(CRITICAL, WARNING)),
     Rule(
         "preemption-thrash",
@@ -834,7 +1092,7 @@ CATALOGUE: tuple[Rule, ...] = (
         goal=lambda f: Goal("worst_request_preemptions", at_most=1),
         knobs=(KNOB_SEQS_DOWN, KNOB_BLOCKS_UP),
         arithmetic=storm_remedy, view=view_thrash,
-        step=lambda f: f.evidence.requests[0].steps[0] if f.evidence.requests and f.evidence.requests[0].steps else None,
+        step=_thrash_step,
         severity=(CRITICAL, WARNING)),
     Rule(
         "preemption-storm",
@@ -852,7 +1110,7 @@ CATALOGUE: tuple[Rule, ...] = (
          _t("STORM_CRITICAL_DISCARD_SHARE", "share of computed tokens", "as much computed work thrown away as kept")),
         goal=lambda f: Goal("preemptions", reduce_by=0.9),
         knobs=(KNOB_SEQS_DOWN, KNOB_BLOCKS_UP),
-        arithmetic=storm_remedy, view=view_storm, step=lambda f: f.evidence.first_step,
+        arithmetic=storm_remedy, view=view_storm, step=lambda f: _ev(f, StormEvidence).first_step,
         severity=(CRITICAL, WARNING)),
     Rule(
         "head-of-line-blocking",
@@ -873,7 +1131,7 @@ CATALOGUE: tuple[Rule, ...] = (
         goal=_hol_goal,
         knobs=(KNOB_LONG_PREFILL, KNOB_BUDGET_UP, KNOB_PRIORITY),
         arithmetic=head_of_line_remedy, view=view_hol,
-        step=lambda f: f.evidence.blocked[0].steps[0] if f.evidence.blocked else None),
+        step=_hol_step),
     Rule(
         "kv-bound",
         "Admission needs the head's whole prompt to fit the free KV blocks (vLLM 0.32 "
@@ -887,7 +1145,7 @@ CATALOGUE: tuple[Rule, ...] = (
          Threshold("KV_FULL", KV_FULL, "share of KV blocks", SRC_SGLANG + ": token usage > 0.9 is good utilization")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_BLOCKS_UP, KNOB_SEQS_DOWN),
-        arithmetic=kv_bound_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range)),
+        arithmetic=kv_bound_remedy, view=view_bound, step=_bound_step),
     Rule(
         "seqs-bound",
         "The WAITING loop stops when the running requests reach max_num_seqs (vLLM 0.32 "
@@ -899,7 +1157,7 @@ CATALOGUE: tuple[Rule, ...] = (
          Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_SEQS_UP,),
-        arithmetic=seqs_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range)),
+        arithmetic=seqs_remedy, view=view_bound, step=_bound_step),
     Rule(
         "budget-bound",
         "The step's token budget (max_num_batched_tokens) is spent before the waiting queue is "
@@ -911,7 +1169,7 @@ CATALOGUE: tuple[Rule, ...] = (
          Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_BUDGET_UP,),
-        arithmetic=budget_remedy, view=view_bound, step=lambda f: _first_of(f.evidence.step_range),
+        arithmetic=budget_remedy, view=view_bound, step=_bound_step,
         severity=(INFO,)),
     Rule(
         "held-slots",
@@ -927,10 +1185,13 @@ CATALOGUE: tuple[Rule, ...] = (
         HeldSlotsEvidence,
         (_t("HELD_MIN_STEPS", "steps", "held steps: at least a few, not one finishing request"),
          _t("HELD_MIN_SHARE", "share of the async steps with requests waiting",
-            "below it a finished request's one-step hold is incidental")),
+            "below it a finished request's one-step hold is incidental"),
+         _t("HELD_MIN_SLOT_SHARE", "share of max_num_seqs × the async steps with requests waiting",
+            "long outputs hold a slot for one step in hundreds (a few percent); one-token outputs half of them")),
         goal=lambda f: Goal("held_slot_steps", reduce_by=0.9),
         knobs=(KNOB_ASYNC_OFF, KNOB_SEQS_UP),
-        arithmetic=held_slots_remedy, view=view_held, step=lambda f: _first_of(f.evidence.step_range)),
+        arithmetic=held_slots_remedy, view=view_held,
+        step=lambda f: _first_of(_ev(f, HeldSlotsEvidence).step_range)),
     Rule(
         "config-not-applied",
         "The engine ran with settings other than the file meant: command-line flags and engine "
@@ -950,8 +1211,40 @@ CATALOGUE: tuple[Rule, ...] = (
         (_t("CHUNK_ALONE_WARN_SHARE", "share of steps", MEASURED),),
         goal=lambda f: Goal("reread_kv_tokens", reduce_by=0.5),
         knobs=(KNOB_BUDGET_UP,),
-        arithmetic=chunking_remedy, view=view_chunking, step=lambda f: _first_of(f.evidence.example_steps),
+        arithmetic=chunking_remedy, view=view_chunking,
+        step=lambda f: _first_of(_ev(f, ChunkingEvidence).example_steps),
         severity=(WARNING, INFO)),
+    Rule(
+        "priority-slot-wait",
+        "Under the priority policy the WAITING queue is ordered by (priority, arrival), but a "
+        "waiting request gets a slot only when one is free: the WAITING loop stops at "
+        "num_running >= max_num_active_reqs (vLLM 0.32 scheduler.py:921-924), and vLLM preempts "
+        "only when a request cannot allocate KV blocks (:776-841, the victim being the running "
+        "request with the largest (priority, arrival)). A high-priority request therefore waits "
+        "behind a full running queue of lower-priority requests.",
+        priority_slot_wait,
+        PrioritySlotWaitEvidence,
+        (Threshold("PRIORITY_WAIT_MIN_STEPS", PRIORITY_WAIT_MIN_STEPS, "steps with the running queue full",
+                   "as HOL_MIN_WAIT_STEPS: a few steps, not one finishing request (episodes.py)"),),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.5,
+                            requests=tuple(w.req_id for w in _ev(f, PrioritySlotWaitEvidence).waits)),
+        knobs=(KNOB_SEQS_UP,),
+        arithmetic=priority_slot_remedy, view=view_priority,
+        step=_priority_step),
+    Rule(
+        "unexplained-wait",
+        "A request waits from its arrival until the WAITING loop admits it (vLLM 0.32 "
+        "scheduler.py:912-1280); after each step the probe records why the head of the queue was "
+        "not admitted (head_blocked_by: token_budget, max_num_seqs, kv_cache, preemption, "
+        "prefill_limit, deferred). A wait longer than ADMIT_WITHIN_STEPS that no other rule "
+        "explains is named with those reasons, so that \"nothing held this run back\" is said "
+        "only when it is true.",
+        unexplained_wait,
+        UnexplainedWaitEvidence,
+        (_t("ADMIT_WITHIN_STEPS", "steps from arrival to the first chunk",
+            MEASURED + ": the longest wait in the healthy scenarios is at most 2 steps"),),
+        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        view=view_unexplained, step=_unexplained_step),
     Rule(
         "underloaded",
         "Requests rarely waited and the median step used little of its budget: the client, not "
@@ -1009,6 +1302,8 @@ def reference() -> str:
             out.append("Knobs: " + ", ".join(f"`{k.setting}` ({k.direction})" for k in rule.knobs) + ".")
             out.append("")
         ev = rule.evidence
+        if ev is None:
+            continue
         out.append(f"Evidence (`{ev.__name__}`):")
         out.append("")
         _fields(ev, out, seen)
@@ -1022,6 +1317,7 @@ def _fields(ev: type, out: list[str], seen: set[type]) -> None:
     out.append("| field | type | meaning |")
     out.append("|---|---|---|")
     info = msgspec.inspect.type_info(ev)
+    assert isinstance(info, msgspec.inspect.StructType)
     for fld in info.fields:
         t = fld.type
         out.append(f"| `{fld.encode_name}` | {_describe(t, nested)} | {docs.get(fld.name, '')} |")
@@ -1048,7 +1344,7 @@ def _describe(t: Any, nested: list[type]) -> str:
         if t.cls not in nested:
             nested.append(t.cls)
         return f"`{t.cls.__name__}`"
-    names = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool", mi.AnyType: "any"}
+    names: dict[type, str] = {mi.IntType: "int", mi.FloatType: "float", mi.StrType: "string", mi.BoolType: "bool", mi.AnyType: "any"}
     return names.get(type(t), type(t).__name__)
 
 
