@@ -35,6 +35,7 @@ DEFAULTS = {
     "max_num_seqs": 64,
     "num_kv_blocks": 64,
     "max_model_len": 2048,
+    "long_prefill_token_threshold": 0,
     "enable_chunked_prefill": True,
     "enable_prefix_caching": False,
     "scheduling_policy": "fcfs",
@@ -63,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (num_gpu_blocks_override)")
     p.add_argument("--max-model-len", type=int)
+    p.add_argument("--long-prefill-token-threshold", type=int, help="cap on one request's prefill chunk (0: none)")
     p.add_argument("--shared-prefix-tokens", type=int, help="leading tokens shared by all prompts")
     p.add_argument("--no-chunked-prefill", dest="enable_chunked_prefill", action="store_false", default=None)
     p.add_argument("--enable-prefix-caching", action="store_true", default=None)
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_chunked_prefill=cfg["enable_chunked_prefill"],
         enable_prefix_caching=cfg["enable_prefix_caching"],
         scheduling_policy=cfg["scheduling_policy"],
+        long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         num_gpu_blocks_override=cfg["num_kv_blocks"],
         gpu_memory_utilization=0.3,  # CPU backend: share of the NUMA node's memory
     )

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vllm_probe"
 
 #: Which parts of the package each part may import (itself always included). The
 #: floors, lowest first: schema · envvars · settings → engine · runs → analysis →
-#: exporters · sim → tui → cli.
+#: exporters · sim → advice → tui → cli.
 ALLOWED: dict[str, set[str]] = {
     "__init__": set(),
     "envvars": set(),
@@ -26,8 +26,10 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"runs", "schema"},
     "exporters": {"analysis", "runs", "schema"},
     "sim": {"__init__", "engine", "runs", "analysis", "exporters", "schema", "settings", "envvars"},
-    "tui": {"analysis", "runs", "exporters", "schema", "settings", "envvars"},
-    "cli": {"__init__", "envvars", "settings", "schema", "engine", "runs", "analysis", "exporters", "sim", "tui"},
+    "advice": {"sim", "analysis", "runs", "schema"},
+    "tui": {"analysis", "runs", "exporters", "schema", "settings", "envvars", "advice"},
+    "cli": {"__init__", "envvars", "settings", "schema", "engine", "runs", "analysis", "exporters", "sim", "tui",
+            "advice"},
     "__main__": {"cli"},
 }
 #: The only packages beyond the standard library that ``engine/`` may import: it runs

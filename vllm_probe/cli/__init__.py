@@ -14,12 +14,13 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
     vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
     vllm-probe calibrate --like RUN_DIR [--out PROFILE.json] [--max-seconds N]
+    vllm-probe tune [RUN_DIR] --slo FIGURE<=VALUE ... --knob NAME=LO..HI|V1,V2 ... [--json]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
 (e.g. no events), 2 bad usage or input (bad settings, missing run directory),
-3 ``doctor`` found something critical, 126/127 command not executable / not found.
+3 ``doctor`` found something critical / ``tune`` found no setting meeting the SLOs, 126/127 command not executable / not found.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("vllm_probe.cli.doctor", "what went wrong in a run, the evidence, and what to change"),
     "whatif": ("vllm_probe.cli.whatif", "replay a run through vLLM's scheduler at other settings"),
     "calibrate": ("vllm_probe.cli.calibrate", "measure the recorded engine's step time: a profile for whatif"),
+    "tune": ("vllm_probe.cli.tune", "search settings that meet SLOs by replaying a run"),
     "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }

@@ -1,14 +1,21 @@
-"""``vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]``: what went wrong in
-a run, the evidence, and what to change.
+"""``vllm-probe doctor [RUN_DIR] [--json] [--no-replay] [--expect FILE] [--jobs N] [--ray ADDRESS]
+[--budget S]``: what went wrong in a run, the evidence, and what to change.
 
 The findings come from :mod:`vllm_probe.analysis.doctor` (the catalogue of rules, docs/doctor.md),
 the report from :mod:`vllm_probe.tui.doctor_view`. ``--json`` prints ``{"run_dir",
-"findings": [{"id", "severity", "message", "evidence", "remedy", "predicted"}]}``.
+"findings": [{"id", "severity", "message", "evidence", "remedy", "predicted"}]}``:
+``remedy`` is the top choice (``setting``, ``value``, ``whatif``, ``arithmetic``,
+``tradeoff``, ``source``, ``checked``, ``predicted``, ``began_at``, ``alternatives``
+each with its own ``predicted``), ``predicted`` the search (goal, recorded and baseline
+figures, what was tried; :mod:`vllm_probe.advice.remedies`).
 ``--expect FILE`` checks the settings a ``config.toml`` (``[scheduler]``), a
 ``settings.json`` or a YAML of engine arguments expected (default: what ``vllm-probe run
---settings`` recorded in ``meta.json``). ``--whatif`` replays each remedy's settings
-through the what-if replay (``vllm-probe whatif``) and shows predicted against recorded
-figures.
+--settings`` recorded in ``meta.json``).
+
+With vLLM installed each remedy is chosen by replaying the run through vLLM's own
+scheduler (the smallest change that reaches the finding's goal; ``--budget`` seconds of
+replays, default 60); ``--no-replay`` (or no vLLM) gives the rules' arithmetic, marked
+``"checked": false``. ``--whatif`` is an accepted alias of the default.
 
 Exit codes: 0 no critical finding; 3 a critical finding (so it can gate a CI job or a
 canary); 1 the run holds no readable event; 2 RUN_DIR or FILE missing, bad usage.
@@ -17,10 +24,10 @@ canary); 1 the run holds no readable event; 2 RUN_DIR or FILE missing, bad usage
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 from ..analysis.doctor import examine
-from ..analysis.doctor import predict as predicting
 from ..runs.rundir import resolve_run_dir
 from ..settings import load_expected
 from . import CliError, print_json, print_report
@@ -36,59 +43,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expect", metavar="FILE",
                    help="settings the engine should have run with: config.toml ([scheduler]), settings.json, "
                         "or a YAML of vLLM engine arguments (default: what `run --settings` recorded)")
-    p.add_argument("--whatif", action="store_true",
-                   help="replay each remedy's settings (vllm-probe whatif) and show predicted against recorded figures")
-    p.add_argument("--jobs", type=int, default=1, metavar="N", help="--whatif: replays in parallel (default 1)")
-    p.add_argument("--out", metavar="DIR", help="--whatif: where the replayed run directories go")
+    p.add_argument("--no-replay", action="store_true",
+                   help="do not choose the remedies by replaying the run; give the rules' arithmetic, unchecked")
+    p.add_argument("--whatif", action="store_true", help="choose the remedies by the replay (the default with vLLM)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="replays in parallel (default 1)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the replays as tasks of this Ray cluster")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="seconds of replays for the remedy search, every finding together (default 60)")
+    p.add_argument("--out", metavar="DIR", help="keep the replayed run directories here")
 
 
-def _predict_function():
-    """The what-if replay's ``predict``, or a one-line error when vLLM is missing."""
-    from ..sim.whatif import WhatifError, predict, quiet_vllm, require_vllm
-
-    try:
-        require_vllm()
-    except WhatifError as e:
-        raise CliError(f"doctor --whatif replays through vLLM's own scheduler: {e}") from None
-    quiet_vllm()
-    return predict
-
-
-def _replay(predict, run_dir, settings, out, jobs):
-    """``predict(run_dir, settings)``, or the replay's error as one line (a run it cannot
-    replay, settings vLLM's checks refuse): the findings are reported all the same."""
-    from ..analysis.workload import WorkloadError
-    from ..sim.engine_args import SettingError
-    from ..sim.whatif import WhatifError
-
-    try:
-        return predict(str(run_dir), settings, out=out, jobs=jobs), None
-    except (SettingError, WorkloadError, WhatifError) as e:
-        return None, str(e)
+def vllm_available() -> bool:
+    """Whether vLLM can be imported here (the replay runs its scheduler)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def main(args: argparse.Namespace) -> int:
     run_dir = resolve_run_dir(args.run_dir)
     if args.jobs < 1:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.no_replay and args.whatif:
+        raise CliError("--no-replay and --whatif contradict each other")
+    if args.budget is not None and args.budget <= 0:
+        raise CliError(f"--budget must be positive, got {args.budget:g}")
     expected = load_expected(args.expect) if args.expect else None
     if expected is not None and not expected.engine:
         print(f"vllm-probe: {expected.source}: no engine setting in it ([scheduler] section or engine arguments): "
               f"nothing to check against the run", file=sys.stderr)
-    predict = _predict_function() if args.whatif else None
+    replay = not args.no_replay
+    if replay and not vllm_available():
+        if args.whatif:
+            raise CliError("doctor --whatif replays through vLLM's own scheduler: vLLM is not installed in this "
+                           "environment (pip install vllm); without --whatif doctor gives the arithmetic, unchecked")
+        print("vllm-probe: note: vLLM is not installed here: remedies are the rules' arithmetic, not checked by the "
+              "replay", file=sys.stderr)
+        replay = False
     report = examine(run_dir, expected)
-    if predict is not None:
-        settings = predicting.grid(report.findings)
-        if settings:
-            print(f"vllm-probe: replaying {len(settings)} remedy setting(s) with the what-if replay …",
-                  file=sys.stderr, flush=True)
-            result, error = _replay(predict, run_dir, settings, args.out, args.jobs)
-            if error is None:
-                # the replay summarized the recorded run already (its baseline's reference)
-                predicting.attach(report.findings, predicting.figure_of(result, "recorded"), settings, result)
-            else:
-                predicting.attach_error(report.findings, f"the replay could not run: {error}")
-                print(f"vllm-probe: doctor --whatif: {error}", file=sys.stderr)
+    from ..advice import remedies
+
+    if replay and any(f.remedy is not None or remedies.rule_for(f.id) is not None for f in report.findings):
+        _search(report, run_dir, args)
+    remedies.unchecked(report.findings)
     if args.json:
         print_json(report.to_dict())
     else:
@@ -103,3 +98,27 @@ def main(args: argparse.Namespace) -> int:
     if retention:
         print(f"vllm-probe: note: {retention}", file=sys.stderr)
     return EXIT_CRITICAL if report.critical else 0
+
+
+def _search(report, run_dir, args) -> None:
+    """Choose each finding's remedy by the replay; on a run the replay cannot take, say why
+    in one line and keep the arithmetic (unchecked)."""
+    from ..advice import remedies
+    from ..advice.evaluate import EvaluateError, Evaluator
+
+    budget = args.budget if args.budget is not None else remedies.DEFAULT_BUDGET_S
+    print(f"vllm-probe: choosing remedies by replaying the run through vLLM's scheduler (up to {budget:g} s of "
+          "replays; --no-replay skips) …", file=sys.stderr, flush=True)
+    try:
+        evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray, out=args.out)
+    except EvaluateError as e:
+        print(f"vllm-probe: doctor: the replay cannot run ({e}); remedies are the arithmetic, unchecked",
+              file=sys.stderr)
+        return
+    try:
+        searches = remedies.search(report.findings, evaluator, budget)
+    finally:
+        evaluator.close()
+    if any(not s.complete for s in searches):
+        print(f"vllm-probe: note: the search stopped at its budget of {budget:g} s ({evaluator.replays} replays); "
+              "--budget S searches longer", file=sys.stderr)

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "long_prefill_token_threshold, max_num_partial_prefills, enable_chunked_prefill, "
                         "enable_prefix_caching, scheduling_policy, max_num_scheduled_tokens, "
                         "max_num_active_seqs, long_prefill_token_threshold_adaptive, "
-                        "scheduler_reserve_full_isl, watermark")
+                        "scheduler_reserve_full_isl, watermark, async_scheduling")
     p.add_argument("--out", metavar="DIR", help="parent of the simulated run directories "
                                                 "(default: RUN_DIR-whatif next to the run)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="replays at once, one process each (default 1)")

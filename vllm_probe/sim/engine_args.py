@@ -90,6 +90,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
             "admission needed only the first chunk's blocks)", scheduler_config="scheduler_reserve_full_isl"),
     Setting("watermark", "watermark", float, "0..1", "share of KV blocks kept free at admission (0.24+)",
             scheduler_config="watermark", default=0.0),
+    Setting("async_scheduling", "async_scheduling", bool, "-",
+            "AsyncScheduler: schedule step N+1 before step N's output (a finished request holds its slot "
+            "one more step; vllm/v1/core/sched/async_scheduler.py, 0.32)"),
 )}
 
 #: Settings whose values are only passed when set apart (vLLM derives them otherwise).
@@ -212,6 +215,8 @@ def resolve(config: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str
     for key in overrides:
         if key not in SETTINGS:
             raise unknown_key(key)
+    if config.get("scheduler_class") == "AsyncScheduler":
+        settings["async_scheduling"] = True  # the CPU platform records False but ran AsyncScheduler (design.md §6)
     settings.update(overrides)
     if "gpu_memory_utilization" in overrides:
         if "num_kv_blocks" in overrides:
@@ -233,7 +238,7 @@ def resolve(config: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str
         enable_chunked_prefill=bool(settings["enable_chunked_prefill"]),
         enable_prefix_caching=bool(settings["enable_prefix_caching"]),
         long_prefill_token_threshold=settings["long_prefill_token_threshold"] or 0,
-        async_scheduling=bool(config.get("async_scheduling")),
+        async_scheduling=bool(settings["async_scheduling"]),
         extra=extra,
     )
     return settings, spec

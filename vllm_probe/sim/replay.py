@@ -1,7 +1,8 @@
 """Replay a workload through vLLM's real scheduler, the probe installed, on a virtual clock.
 
-The scheduler is the installed vLLM's own ``Scheduler`` (or ``AsyncScheduler``, as the
-recorded ``engine_config`` names it), built by :mod:`vllm_probe.sim.harness` with no
+The scheduler is the installed vLLM's own ``Scheduler`` (or ``AsyncScheduler`` when the
+spec's ``async_scheduling`` is on: whatif's setting, on by default for a run whose
+``engine_config`` names ``AsyncScheduler``), built by :mod:`vllm_probe.sim.harness` with no
 model; the probe is installed on it (:func:`vllm_probe.engine.patches.install`) with a
 :class:`VirtualClock`, so the replay writes the same events as a real engine core, into
 an ordinary run directory that every reading command reads unchanged.
@@ -262,11 +263,11 @@ def replay(
 
     if mode not in ("timed", "steps"):
         raise ValueError(f"mode must be 'timed' or 'steps', not {mode!r}")
-    scheduler_cls: type | None = None
-    if w.config.get("scheduler_class") == "AsyncScheduler":
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-        scheduler_cls = AsyncScheduler
+    scheduler_cls = None
+    if spec.async_scheduling:
+        # whatif's async_scheduling setting (engine_args.resolve) chooses the class; EngineCore drives
+        # an AsyncScheduler through step_with_batch_queue (vllm/v1/engine/core.py, 0.32): depth 2 below
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as scheduler_cls
     depth = 2 if scheduler_cls is not None else 1  # EngineCore's batch queue
     clock = VirtualClock(w.t0)  # engine_config is stamped at the recording's start, as the steps are
     target = _ConfigOverlay(sink, config_overlay or {})

@@ -84,7 +84,8 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
             if p.get("resolved") is False:
                 line.append("  " + unmet_goal_text(p), style="yellow")
             rows.append(("predicted", line))
-            rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
+            if p.get("run_dir"):
+                rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
     step = rule.step(f)
     if step is not None:
         rows.append(("see", Text(f"vllm-probe tail {run_dir} --replay --from-step {step}", style="dim")))

@@ -1,0 +1,207 @@
+"""doctor's remedy search (:mod:`vllm_probe.advice.remedies`): the smallest change that
+reaches the goal, pairs only when no single knob does, a failing replay never offered,
+the time budget; one search on a real replay of vLLM's Scheduler."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from tests.conftest import requires_vllm
+from vllm_probe.advice import remedies
+from vllm_probe.advice.evaluate import Evaluation
+from vllm_probe.analysis.doctor.findings import Finding, Remedy
+
+
+class FakeEvaluator:
+    """Stands in for :class:`~vllm_probe.advice.evaluate.Evaluator`: ``figure(overrides)``
+    gives the replay's preemptions (or raises ValueError: the replay fails)."""
+
+    def __init__(self, figure, config=None):
+        self.figure = figure
+        self.workload = SimpleNamespace(config=config or {"max_num_seqs": 16, "num_kv_blocks": 40,
+                                                          "max_num_batched_tokens": 256})
+        self.run_dir = "/nonexistent"
+        self.requests = ()
+        self.keep = False
+        self.recorded_figures = {"preemptions": 20.0, "worst_request_preemptions": 3.0}
+        self.baseline = self._one({})
+        self.error = {"figures": {"steps": {"error": 0.0, "within": True}}, "within": True}
+        self.points: list[list[dict]] = []
+        self.replays = 0
+
+    def _one(self, p):
+        try:
+            v = self.figure(p)
+        except ValueError as e:
+            return Evaluation(dict(p), error=str(e))
+        return Evaluation(dict(p), figures={"preemptions": float(v), "itl_p90": 0.01})
+
+    def evaluate(self, points, requests=None):
+        self.points.append([dict(p) for p in points])
+        self.replays += len(points)
+        return [self._one(p) for p in points]
+
+
+def storm():
+    return Finding("preemption-storm", "warning", "", {},
+                   Remedy("num_kv_blocks", 177, "the running requests needed 176 blocks", "", "tuning guide",
+                          whatif={"num_kv_blocks": 177}))
+
+
+def settings(p, key, default):
+    return p.get(key, default)
+
+
+def test_the_smallest_change_that_reaches_the_goal_is_the_remedy():
+    """max_num_seqs 16 → 12, 8 do not end the storm; 4 does (≤ 10 % of 20 preemptions):
+    4 is the remedy, 2 is never replayed; more blocks never help and are listed as tried,
+    not offered (the rule's knobs: seqs × 0.75, 0.5, 0.25, 0.125; blocks × 1.25 … 4)."""
+    ev = FakeEvaluator(lambda p: 0 if settings(p, "max_num_seqs", 16) <= 6 else 20)
+    f = storm()
+    (s,) = remedies.search([f], ev)
+    assert [list(map(dict.items, batch)) for batch in ev.points] == [
+        [{"max_num_seqs": 12}.items(), {"num_kv_blocks": 50}.items()],
+        [{"max_num_seqs": 8}.items(), {"num_kv_blocks": 60}.items()],
+        [{"max_num_seqs": 4}.items(), {"num_kv_blocks": 80}.items()],
+        [{"num_kv_blocks": 120}.items()], [{"num_kv_blocks": 160}.items()]]
+    r = f.remedy
+    assert (r.setting, r.value, r.whatif, r.checked, r.alternatives) == ("max_num_seqs", 4, {"max_num_seqs": 4},
+                                                                         True, [])
+    assert r.began_at == {"setting": "num_kv_blocks", "value": 177, "whatif": {"num_kv_blocks": 177},
+                          "arithmetic": "the running requests needed 176 blocks"}
+    assert (r.predicted["baseline"], r.predicted["predicted"]) == (20.0, 0.0)
+    assert f.predicted["resolved"] is True and len(f.predicted["tried"]) == 8
+    assert all(t["met"] is False for t in f.predicted["tried"] if "num_kv_blocks" in t["settings"])
+    json.dumps(f.to_dict())  # the --json shape stays serializable
+
+
+def test_several_knobs_reach_the_goal_ranked_by_the_size_of_the_change():
+    """Blocks 40 → 60 (×1.5) and seqs 16 → 4 (×0.25) both work: the smaller relative
+    change leads, the other is the alternative with its own prediction."""
+    ev = FakeEvaluator(lambda p: 1 if settings(p, "max_num_seqs", 16) <= 6 or settings(p, "num_kv_blocks", 40) >= 60
+                       else 20)
+    f = storm()
+    remedies.search([f], ev)
+    assert (f.remedy.setting, f.remedy.value) == ("num_kv_blocks", 60)
+    (alt,) = f.remedy.alternatives
+    assert (alt["setting"], alt["value"], alt["checked"]) == ("max_num_seqs", 4, True)
+    assert alt["predicted"]["predicted"] == 1.0
+
+
+def test_a_remedy_whose_replay_fails_is_never_offered():
+    """The replay of every block count fails (vLLM refuses it) and max_num_seqs never gets
+    below 10 % of the preemptions: no remedy; the closest is named and every try listed
+    with its error."""
+    def figure(p):
+        if "num_kv_blocks" in p:
+            raise ValueError("vLLM: refused")
+        return 5 if settings(p, "max_num_seqs", 16) <= 4 else 20
+    ev = FakeEvaluator(figure)
+    f = storm()
+    remedies.search([f], ev)
+    assert f.remedy is None and f.predicted["resolved"] is False
+    # of the tie (4 and 2 both give 5), the smaller change
+    assert f.predicted["closest"] == {"settings": {"max_num_seqs": 4}, "predicted": 5.0, "met": False}
+    errors = [t for t in f.predicted["tried"] if "error" in t]
+    assert errors and all(t["met"] is False and t["error"] == "vLLM: refused" for t in errors)
+
+
+def test_pairs_only_when_no_single_knob_reaches_the_goal():
+    ev = FakeEvaluator(lambda p: 0 if settings(p, "max_num_seqs", 16) <= 8 and settings(p, "num_kv_blocks", 40) >= 60
+                       else 20)
+    f = storm()
+    remedies.search([f], ev)
+    singles = [b for b in ev.points if all(len(p) == 1 for p in b)]
+    pairs = [b for b in ev.points if all(len(p) == 2 for p in b)]
+    assert len(singles) + len(pairs) == len(ev.points) and len(singles) == 5
+    assert pairs[0] == [{"max_num_seqs": 12, "num_kv_blocks": 50}]  # the smallest pair first
+    assert f.remedy.whatif == {"max_num_seqs": 8, "num_kv_blocks": 60} and f.remedy.checked is True
+
+
+def test_a_single_knob_that_works_means_no_pair_is_tried():
+    ev = FakeEvaluator(lambda p: 0 if settings(p, "max_num_seqs", 16) <= 2 else 20)
+    remedies.search([storm()], ev)
+    assert all(len(p) == 1 for b in ev.points for p in b)
+
+
+def test_the_time_budget_stops_the_search_and_says_so():
+    ev = FakeEvaluator(lambda p: 20)
+    f = storm()
+    (s,) = remedies.search([f], ev, budget_s=0)
+    assert ev.points == [] and s.complete is False and f.remedy is None and f.predicted["complete"] is False
+
+
+def test_bounds_release_platform_and_budget():
+    recorded = {"max_num_batched_tokens": 512}
+    assert remedies.allowed("max_num_batched_tokens", 4096, recorded, {}) is None
+    assert "more than 8× the recorded 512" in remedies.allowed("max_num_batched_tokens", 4097, recorded, {})
+    assert "CPU platform" in remedies.allowed("gpu_memory_utilization", 0.95, recorded, {"platform": "cpu"})
+    assert "not a setting" in remedies.allowed("max_num_partial_prefills_x", 2, recorded, {})
+
+
+def test_a_finding_without_a_goal_keeps_its_arithmetic_unchecked():
+    ev = FakeEvaluator(lambda p: 0)
+    f = Finding("config-not-applied", "warning", "", {}, Remedy("max_num_seqs", 64, "expected 64", "", ""))
+    assert remedies.search([f], ev) == []
+    assert f.remedy.checked is False and ev.points == []
+
+
+@requires_vllm
+def test_the_search_on_a_real_replay_picks_the_smallest_sufficient_change(tmp_path):
+    """16 requests of 64 + 100 tokens in 39 usable blocks of 16 (vLLM's real Scheduler,
+    no model): they preempt each other. Every value the search tried below the chosen one
+    of the same knob missed the goal in its replay, the chosen one met it, and whatif's
+    own replay at the chosen settings gives the same goal figure."""
+    from tests._simrun import record
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.analysis.doctor import examine
+    from vllm_probe.sim.whatif import predict
+
+    run = record(tmp_path / "storm", dict(max_num_batched_tokens=256, max_num_seqs=16, num_blocks=40, block_size=16,
+                                          max_model_len=256), [(f"R{i}", 64, 100) for i in range(16)], max_steps=5000)
+    report = examine(run)
+    found = {f.id: f for f in report.findings}
+    assert {"preemption-thrash", "preemption-storm"} <= set(found)
+    with Evaluator(run) as ev:
+        searches = remedies.search(report.findings, ev)
+    for s in searches:
+        f = s.finding
+        if f.remedy is None:
+            assert f.predicted["resolved"] is False
+            continue
+        assert f.remedy.checked is True
+        key, value = next(iter(f.remedy.whatif.items()))
+        same_knob = [t for t in s.tried if list(t.overrides) == [key]]
+        before = same_knob[:[t.overrides[key] for t in same_knob].index(value)]
+        assert all(t.met is False for t in before)
+        assert next(t for t in same_knob if t.overrides[key] == value).met is True
+        result = predict(run, [f.remedy.whatif], out=tmp_path / "check")
+        from vllm_probe.analysis.objectives import from_summary
+
+        assert from_summary(result.configs[0].summary, s.goal.figure) == f.remedy.predicted["predicted"]
+
+
+@requires_vllm
+def test_the_held_slot_remedy_is_replayed_with_async_scheduling_off(tmp_path):
+    """AsyncScheduler, max_num_seqs 4, 120 one-token requests (vLLM #45257 scaled down):
+    held-slots' remedy is async_scheduling=False, chosen by its replay (29 held-slot steps
+    → 0); more max_num_seqs (6 … 16) leaves 19 … 7 and is listed as tried."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from tests._simrun import record
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.analysis.doctor import examine
+
+    run = record(tmp_path / "async", dict(max_num_batched_tokens=256, max_num_seqs=4, num_blocks=64, max_model_len=256,
+                                          async_scheduling=True),
+                 [(f"R{i}", 8, 1) for i in range(120)], scheduler_cls=AsyncScheduler, async_drive=True)
+    report = examine(run)
+    with Evaluator(run) as ev:
+        remedies.search(report.findings, ev)
+    f = next(f for f in report.findings if f.id == "held-slots")
+    assert (f.remedy.whatif, f.remedy.checked) == ({"async_scheduling": False}, True)
+    assert (f.remedy.predicted["recorded"], f.remedy.predicted["predicted"]) == (29.0, 0.0)
+    assert [(t["settings"], t["predicted"], t["met"]) for t in f.predicted["tried"]] == [
+        ({"async_scheduling": False}, 0.0, True), ({"max_num_seqs": 6}, 19.0, False),
+        ({"max_num_seqs": 8}, 14.0, False), ({"max_num_seqs": 12}, 9.0, False), ({"max_num_seqs": 16}, 7.0, False)]

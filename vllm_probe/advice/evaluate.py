@@ -1,0 +1,236 @@
+"""Replays of one recorded run at many settings: in this process, in ``--jobs`` local
+processes, or as tasks of an existing Ray cluster (``--ray ADDRESS``); the same results
+either way.
+
+:class:`Evaluator` prepares the run once (its workload, the step-time model fitted on
+it, the replay at the recorded settings: the *baseline*, with its error against the
+recording) and then evaluates batches of settings, each a dict by ``whatif --set``
+names (:data:`vllm_probe.sim.engine_args.SETTINGS`). Each replay goes through the
+replay ``vllm-probe whatif`` uses (:func:`vllm_probe.sim.whatif.predict`'s internals:
+the same checks at start-up, the same run directory, the same summary), and its figures
+(:mod:`vllm_probe.analysis.objectives`) are measured where the replay ran, so a Ray
+worker on another machine returns numbers, not paths. A point vLLM refuses, or whose
+replay cannot finish (a request that never fits), comes back with ``error`` set and no
+figures, never as an exception: a search goes on past it.
+
+Local processes are forked from this one (they inherit vLLM's imports; about 650 MiB
+each). Ray tasks need ``vllm_probe`` and vLLM importable on the cluster's workers (the
+``[ray]`` extra installs Ray; ``ray.init(address=ADDRESS)`` joins the cluster).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..analysis.objectives import OBJECTIVES, measure
+
+
+class EvaluateError(Exception):
+    """The runs cannot be evaluated at all (no vLLM, no Ray, a run that is not
+    replayable); the message is one line."""
+
+
+@dataclass
+class Evaluation:
+    """One replay's outcome.
+
+    Attributes:
+        overrides: what this point changed (by ``whatif --set`` names; empty: the baseline).
+        settings: every setting in force (None where the release has none).
+        figures: every figure of :data:`~vllm_probe.analysis.objectives.OBJECTIVES` over all
+            requests, plus ``figures_subset`` over the evaluator's ``requests`` (units there).
+        summary: the replay's :class:`~vllm_probe.analysis.summary.Summary` (None: not replayed).
+        run_dir: the simulated run directory (on the machine that ran it).
+        error: why the point could not be replayed (one line); None when it was.
+        replay_s: wall seconds of the replay and its summary.
+    """
+
+    overrides: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)
+    figures: dict[str, float | None] = field(default_factory=dict)
+    figures_subset: dict[str, float | None] = field(default_factory=dict)
+    summary: Any = None
+    run_dir: str = ""
+    error: str | None = None
+    replay_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+#: Figures measured per replay over all requests (run-wide and per-request).
+ALL_FIGURES = tuple(OBJECTIVES)
+#: Per-request figures measured over a subset of requests.
+SUBSET_FIGURES = tuple(n for n, o in OBJECTIVES.items() if o.request_field is not None)
+
+
+def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation:
+    """Replay one prepared :class:`vllm_probe.sim.whatif._Task` and measure it (runs in
+    a worker: a forked process or a Ray task)."""
+    import shutil
+
+    from ..sim.replay import ReplayError
+    from ..sim.whatif import WhatifError, _run
+
+    start = time.perf_counter()
+    try:
+        result = _run(task)
+    except (ReplayError, WhatifError) as e:
+        return Evaluation(dict(task.overrides), dict(task.settings), error=str(e).splitlines()[0],
+                          replay_s=time.perf_counter() - start)
+    figures = measure(result.run_dir, ALL_FIGURES, summary=result.summary)
+    sub = measure(result.run_dir, SUBSET_FIGURES, summary=result.summary, requests=subset) if subset else {}
+    ev = Evaluation(dict(task.overrides), dict(result.settings), figures, sub, result.summary,
+                    str(result.run_dir), None, time.perf_counter() - start)
+    if not keep:
+        shutil.rmtree(result.run_dir, ignore_errors=True)
+    return ev
+
+
+def _evaluate_star(args: tuple) -> Evaluation:
+    return _evaluate_task(*args)
+
+
+class Evaluator:
+    """A recorded run ready to be replayed at many settings.
+
+    Args:
+        run_dir: the recorded run.
+        jobs: local processes replaying at once (1: in this process).
+        ray_address: evaluate as Ray tasks on this cluster (``auto``, ``ray://host:10001``,
+            ``host:6379``, or ``local`` to start one here); None: local.
+        out: parent of the simulated run directories (default: a temporary directory,
+            removed by :meth:`close`).
+        requests: request ids whose per-request figures are measured apart
+            (:attr:`Evaluation.figures_subset`).
+        keep: keep each replay's run directory (default: only with ``out``).
+
+    Raises:
+        EvaluateError: no vLLM, no Ray with ``ray_address``, or a run the replay cannot take
+            (no request or step events, a step-time model that cannot be fitted).
+    """
+
+    def __init__(self, run_dir: str | Path, jobs: int = 1, ray_address: str | None = None,
+                 out: str | Path | None = None, requests: Iterable[str] = (), keep: bool | None = None) -> None:
+        from ..analysis.compare import relative_errors
+        from ..analysis.workload import WorkloadError, load_workload
+        from ..sim.stepmodel import fit
+        from ..sim.whatif import BASELINE_TOLERANCES, WhatifError, _notes, _summary, quiet_vllm, require_vllm
+
+        try:
+            require_vllm()
+        except WhatifError as e:
+            raise EvaluateError(str(e)) from None
+        quiet_vllm()
+        self.run_dir = Path(run_dir)
+        self.jobs = max(1, int(jobs))
+        self.requests = tuple(requests)
+        self._tmp = None
+        if out is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="vllm-probe-advice-")
+            out = self._tmp.name
+        self.out = Path(out)
+        self.keep = keep if keep is not None else self._tmp is None
+        self._ray: Any = None
+        if ray_address:
+            self._ray = _connect_ray(ray_address)
+        try:
+            self.workload = load_workload(self.run_dir)
+            self.model = fit(self.workload)
+        except (WorkloadError, ValueError) as e:
+            raise EvaluateError(str(e).splitlines()[0]) from None
+        self.notes = _notes(self.workload)
+        self.recorded = _summary(self.run_dir)
+        self._count = 0
+        self.replays = 0
+        self.baseline = self.evaluate([{}])[0]
+        if self.baseline.error:
+            raise EvaluateError(f"the replay at the recorded settings failed: {self.baseline.error}")
+        self.recorded_figures = measure(self.run_dir, ALL_FIGURES, summary=self.recorded)
+        self.recorded_subset = (measure(self.run_dir, SUBSET_FIGURES, summary=self.recorded, requests=self.requests)
+                                if self.requests else {})
+        self.error = relative_errors(self.recorded, self.baseline.summary, BASELINE_TOLERANCES)
+
+    def _tasks(self, points: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
+        from ..sim.engine_args import SettingError
+        from ..sim.whatif import _plan, _slug, _Task, _text
+
+        out: list[Any] = []
+        for point in points:
+            try:
+                overrides, settings, spec = _plan(self.workload, dict(point))
+            except SettingError as e:
+                out.append((None, str(e)))
+                continue
+            self._count += 1
+            name = "baseline" if not point else f"{self._count:04d}-{_slug(point)}"
+            command = ["vllm-probe", "whatif", str(self.run_dir)] + [
+                a for k, v in overrides.items() for a in ("--set", f"{k}={_text(v)}")]
+            out.append((_Task(self.workload, self.model, overrides, settings, spec, self.out / name, "timed",
+                              str(self.run_dir), command), dict(point)))
+        return out
+
+    def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None) -> list[Evaluation]:
+        """One :class:`Evaluation` per point, in order (a point vLLM refuses: ``error``);
+        ``requests``: the subset for :attr:`Evaluation.figures_subset` (default: the
+        evaluator's)."""
+        subset = tuple(requests) if requests is not None else self.requests
+        planned = self._tasks(points)
+        runnable = [t for t, _ in planned if t is not None]
+        args = [(t, subset, self.keep) for t in runnable]
+        if self._ray is not None:
+            results = self._ray_map(args)
+        elif self.jobs > 1 and len(args) > 1:
+            ctx = multiprocessing.get_context("fork")  # workers inherit vLLM's imports
+            with concurrent.futures.ProcessPoolExecutor(max_workers=min(self.jobs, len(args)), mp_context=ctx) as pool:
+                results = list(pool.map(_evaluate_star, args))
+        else:
+            results = [_evaluate_star(a) for a in args]
+        self.replays += len(results)
+        it = iter(results)
+        return [next(it) if t is not None else Evaluation(dict(points[i]), error=str(msg))
+                for i, (t, msg) in enumerate(planned)]
+
+    def _ray_map(self, args: list[tuple]) -> list[Evaluation]:
+        ray = self._ray
+        remote = ray.remote(num_cpus=1)(_evaluate_star)
+        return list(ray.get([remote.remote(a) for a in args]))
+
+    def close(self) -> None:
+        """Remove the temporary run directories (when no ``out`` was given)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _connect_ray(address: str) -> Any:
+    """``ray`` joined to ``address``; :class:`EvaluateError` when Ray is not installed or
+    the cluster cannot be reached."""
+    try:
+        import ray
+    except ImportError:
+        raise EvaluateError("--ray needs Ray installed (pip install 'vllm-probe[ray]')") from None
+    if not ray.is_initialized():
+        try:  # a local head's workers inherit this process's environment (PYTHONPATH included)
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        except Exception as e:  # ConnectionError, ValueError: Ray's own message
+            raise EvaluateError(f"--ray {address}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    return ray
+
+
+__all__ = ["ALL_FIGURES", "EvaluateError", "Evaluation", "Evaluator", "SUBSET_FIGURES"]
+

