@@ -30,6 +30,7 @@ import msgspec
 
 from ..episodes import PRIORITY_WAIT_MIN_STEPS, QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
 from ..expected import DIFFERS, NOT_RECORDED, NOT_V1, UNKNOWN
+from ..engine_state import EngineState
 from ..figures import Distribution, budget_use_counts
 from . import limits
 from .context import (
@@ -1015,7 +1016,28 @@ def long_prefill_candidates(settings: dict[str, Any], finding: Finding) -> list[
     return out
 
 
-KNOB_SEQS_DOWN = Knob("max_num_seqs", "down", scaled("max_num_seqs", (0.75, 0.5, 0.25, 0.125)))
+def seqs_down_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
+    """``max_num_seqs`` below the most requests that really ran at once (× 0.75, 0.5, 0.25,
+    0.125, then 2 and 1), not below the configured value: a run whose 3 requests ran under
+    ``max_num_seqs`` 64 is not helped by 48 or 32 (measured on the thrash scenario: every
+    scaled value of the configured 64 left the storm as it was; 1-2 ended it)."""
+    configured = _int(settings, "max_num_seqs")
+    basis = finding.basis
+    eng = basis[0] if isinstance(basis, tuple) and basis and isinstance(basis[0], EngineState) else None
+    peak = eng.running_max if eng is not None else None
+    if peak is None and eng is not None and eng.preempt_seen.running_max is not None:
+        peak = eng.preempt_seen.running_max + 1  # step events off: running after a preemption, plus its victim
+    base = min(v for v in (configured, peak) if v is not None) if (configured or peak) else None
+    if base is None:
+        return []
+    out: list[int] = []
+    for v in [round(base * k) for k in (0.75, 0.5, 0.25, 0.125)] + [2, 1]:
+        if 1 <= v < base and (configured is None or v < configured) and v not in out:
+            out.append(v)
+    return sorted(out, reverse=True)
+
+
+KNOB_SEQS_DOWN = Knob("max_num_seqs", "down", seqs_down_candidates)
 def seqs_up_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
     """``max_num_seqs`` × 1.5, 2, 3, 4, never above what the KV cache holds at full length
     (advice converges: a storm's remedy lowered it to that)."""
