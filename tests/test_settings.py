@@ -78,7 +78,11 @@ def test_flags_round_trip_to_dict():
     ({"sampling": {"temperature": True}}, "sampling.temperature: expected an integer or a number, got true"),
     ({"scheduler_probe": "x"}, 'scheduler_probe: expected an object, got "x"'),
     ({"scheduler_probe": {1: True}}, "unknown key 'scheduler_probe.1' (known: log_schedule_each_step, "
-     "log_preempt_events, log_chunk_boundaries, log_request_events, log_block_digests, queue_capacity)"),
+     "log_preempt_events, log_chunk_boundaries, log_request_events, log_block_digests, queue_capacity, "
+     "max_segment_mb, rotate_every_s, compress_segments, keep_mb, keep_hours)"),
+    ({"scheduler_probe": {"max_segment_mb": -1}}, "scheduler_probe.max_segment_mb must be at least 0"),
+    ({"scheduler_probe": {"keep_hours": 0}}, "scheduler_probe.keep_hours must be above 0"),
+    ({"scheduler_probe": {"keep_mb": "1"}}, 'scheduler_probe.keep_mb: expected a number or null, got "1"'),
     ({"scheduler_probe": {"log_preempt_events": None}}, "scheduler_probe.log_preempt_events: expected true/false, got null"),
     ({"scheduler_probe": {"queue_capacity": 1.0}}, "scheduler_probe.queue_capacity: expected an integer, got 1.0"),
     ({"scheduler_probe": {"queue_capacity": -5}}, "scheduler_probe.queue_capacity must be at least 1"),

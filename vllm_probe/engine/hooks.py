@@ -128,8 +128,13 @@ class Runtime:
             self._sink.close()
 
 
+#: Bytes in the settings' MB (``max_segment_mb``, ``keep_mb``): MiB.
+MIB = 1 << 20
+
+
 def file_sink_factory(run_dir: Path) -> Callable[[Runtime], EventSink]:
-    """A factory writing ``<run_dir>/events-<pid>.jsonl`` (run_dir created 0700)."""
+    """A factory writing ``<run_dir>/events-<pid>.jsonl`` (run_dir created 0700), in
+    segments as ``rt.flags`` say (``max_segment_mb`` …, :class:`~.sink.EventSink`)."""
 
     def make(rt: Runtime) -> EventSink:
         path = Path(run_dir) / f"events-{os.getpid()}.jsonl"
@@ -137,7 +142,14 @@ def file_sink_factory(run_dir: Path) -> Callable[[Runtime], EventSink]:
             Path(run_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError:
             pass  # the sink reports the failure to open the file
-        sink = EventSink(path, capacity=rt.flags.queue_capacity, stats_extra=rt.health.snapshot)
+        f = rt.flags
+        sink = EventSink(
+            path, capacity=f.queue_capacity, stats_extra=rt.health.snapshot,
+            max_segment_bytes=int(f.max_segment_mb * MIB) or None, rotate_every_s=f.rotate_every_s,
+            compress_segments=f.compress_segments,
+            keep_bytes=None if f.keep_mb is None else int(f.keep_mb * MIB),
+            keep_s=None if f.keep_hours is None else f.keep_hours * 3600.0,
+        )
         on_stop_signals(sink.checkpoint)
         return sink
 
