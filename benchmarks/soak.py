@@ -112,6 +112,8 @@ class SoakConfig:
     compress_segments: bool | None = True
     keep_mb: float | None = 0.25
     keep_hours: float | None = None
+    #: the control run: the same server and load without the probe (RSS only, no checks)
+    probe: bool = True
 
     def probe_settings(self) -> dict[str, Any]:
         """The settings file's ``scheduler_probe`` section."""
@@ -336,6 +338,32 @@ class Archive:
                    if name.removesuffix(".gz") not in names and name.removesuffix(".gz") + ".gz" not in names)
 
 
+def vllm_process(root: int, title: str) -> int | None:
+    """The pid of the descendant of ``root`` whose command line is ``title`` (vLLM sets
+    ``VLLM::EngineCore`` / ``VLLM::Worker`` as process titles); None if none."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0].decode(errors="replace").startswith(title):
+                    return pid
+        except OSError:
+            pass
+        todo += children.get(pid, [])
+    return None
+
+
 def scrape(url: str) -> dict[str, float]:
     """The sidecar's counters the soak samples (summed over labels); {} when it does not answer."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -483,11 +511,14 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
     settings.write_text(json.dumps({"scheduler_probe": cfg.probe_settings()}, indent=2))
     port, mport = free_port(), free_port()
     base, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics"
+    server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+              "--model", str(write_tiny_model()), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
     cmd = [sys.executable, "-m", "vllm_probe", "run", "--settings", str(settings), "--out", str(run_dir),
-           "--metrics-port", str(mport), "--", sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(write_tiny_model()), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
+           "--metrics-port", str(mport), "--", *server] if cfg.probe else server
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's per-request log lines would fill server.log
+    if not cfg.probe:
+        env = {k: v for k, v in env.items() if not k.startswith("VLLMPROBE_")}
     samples: list[dict] = []
     archive = Archive(run_dir, archive_dir)
     result: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
@@ -508,6 +539,8 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
             arch_thread.start()
             ready = time.time()
             result["startup_s"] = round(ready - t_start, 1)
+            engine_pid = vllm_process(proc.pid, "VLLM::EngineCore")
+            worker_pid = vllm_process(proc.pid, "VLLM::Worker")
             progress(f"soak: server ready after {ready - t_start:.0f} s; load for {cfg.minutes:g} min -> {out}")
             load = Load(base, model, cfg.concurrency, ready + cfg.minutes * 60, cfg.max_requests, cfg.seed)
             load.start()
@@ -521,8 +554,10 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
                     with load.lock:
                         c = asdict(load.counts)
                     samples.append({
-                        "t": round(now - ready, 1), "engine_rss_mib": rss_mib(archive.engine_pid),
-                        "sidecar_rss_mib": rss_mib(proc.pid), "disk_bytes": size, "segments": segs,
+                        "t": round(now - ready, 1), "engine_rss_mib": rss_mib(archive.engine_pid or engine_pid),
+                        "worker_rss_mib": rss_mib(worker_pid),
+                        "sidecar_rss_mib": rss_mib(proc.pid) if cfg.probe else None, "disk_bytes": size,
+                        "segments": segs,
                         "steps": m.get("vllm_probe_steps_total"),
                         "requests_finished": m.get("vllm_probe_requests_finished_total"),
                         "preemptions": m.get("vllm_probe_preemptions_total"),
@@ -547,7 +582,7 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
             client = load.counts
             # the sidecar has read everything when its finished count reaches the client's
             m: dict[str, float] = {}
-            deadline = time.time() + 120
+            deadline = time.time() + (120 if cfg.probe else 0)
             while time.time() < deadline:
                 m = scrape(metrics_url)
                 if m.get("vllm_probe_requests_finished_total", -1) >= client.ok:
@@ -587,7 +622,14 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
     warm = cfg.warmup_s()
     result["warmup_s"] = warm
     result["rss"] = {"engine": growth(samples, "engine_rss_mib", warm),
+                     "worker": growth(samples, "worker_rss_mib", warm),
                      "sidecar": growth(samples, "sidecar_rss_mib", warm)}
+    loads = [s["load1"] for s in samples]
+    result["load_avg"] = {"min": min(loads, default=None), "max": max(loads, default=None),
+                          "median": statistics.median(loads) if loads else None}
+    if not cfg.probe:  # the control run: memory only
+        (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
+        return result
     progress("soak: reading every segment ...")
     result["archive"] = read_archive(archive_dir)
     arch_sum, run_sum = summary_json(archive_dir), summary_json(run_dir)
@@ -595,9 +637,6 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
                                                        "prompt_tokens", "steps", "error")}
     result["summary_run_dir"] = {k: run_sum.get(k) for k in ("requests_finished", "output_tokens", "steps",
                                                              "error")}
-    loads = [s["load1"] for s in samples]
-    result["load_avg"] = {"min": min(loads, default=None), "max": max(loads, default=None),
-                          "median": statistics.median(loads) if loads else None}
     result["checks"] = checks(result)
     result["ok"] = all(v["ok"] for v in result["checks"].values())
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
@@ -659,6 +698,8 @@ def table(r: dict[str, Any]) -> str:
                                      + ("-" if d["bound_bytes"] is None else f"{d['bound_bytes'] / MIB:.2f} MiB")),
         ("engine core RSS after warm-up", f"{rss['engine']['baseline_mib']} -> {rss['engine']['end_mib']} MiB "
                                           f"({pct(rss['engine']['growth'])}, {rss['engine']['slope_mib_per_h']} MiB/h)"),
+        ("worker RSS after warm-up (no probe in it)", f"{rss['worker']['baseline_mib']} -> {rss['worker']['end_mib']} MiB "
+                                                      f"({pct(rss['worker']['growth'])}, {rss['worker']['slope_mib_per_h']} MiB/h)"),
         ("sidecar RSS after warm-up", f"{rss['sidecar']['baseline_mib']} -> {rss['sidecar']['end_mib']} MiB "
                                       f"({pct(rss['sidecar']['growth'])}, {rss['sidecar']['slope_mib_per_h']} MiB/h)"),
         ("run dir summary (after retention)", f"{r['summary_run_dir'].get('requests_finished')} requests, "
@@ -689,12 +730,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-hours", type=float)
     p.add_argument("--no-compress", action="store_true")
     p.add_argument("--no-segments", action="store_true", help="leave every segment setting out (one file)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="control run: the same server and load without vllm-probe (RSS only, no checks)")
     a = p.parse_args(argv)
     cfg = SoakConfig(minutes=a.minutes, out=a.out, sample_s=a.sample_s, warmup_min=a.warmup_min,
                      concurrency=a.concurrency, max_requests=a.max_requests, seed=a.seed,
                      segments=not a.no_segments, max_segment_mb=a.max_segment_mb, rotate_every_s=a.rotate_every_s,
-                     compress_segments=not a.no_compress, keep_mb=a.keep_mb, keep_hours=a.keep_hours)
+                     compress_segments=not a.no_compress, keep_mb=a.keep_mb, keep_hours=a.keep_hours,
+                     probe=not a.no_probe)
     r = run_soak(cfg)
+    if not cfg.probe:
+        print(json.dumps({"client": r["client"], "rss": r["rss"], "load_avg": r["load_avg"]}, indent=1))
+        return 0
     print(table(r))
     if a.json:
         a.json.write_text(json.dumps(r, indent=1, default=str))
