@@ -282,13 +282,20 @@ class SchedulerProbe:
         pre_r = pre_t = 0
         ts = self.clock()
         prefilling = self.prefilling
+        # draft tokens (speculative decoding) scheduled beside a request's last prefill
+        # tokens are decode work: vLLM 0.32 pads a request reaching its first decode step
+        # with placeholder drafts (scheduler.py; tests/v1/core/test_scheduler.py
+        # ::test_spec_decode_padding_first_decode_step). Found by python -m tests.peer.
+        drafts = getattr(out, "scheduled_spec_decode_tokens", None) or {}
         if prefilling:
             for rid in out.finished_req_ids:
                 prefilling.pop(rid, None)
             done = []
             for rid, p in prefilling.items():
                 n = nst.get(rid)
-                if not n:
+                if n and drafts:
+                    n -= len(drafts.get(rid, ()))
+                if not n or n < 0:
                     continue
                 req = requests[rid]
                 start = req.num_computed_tokens
@@ -316,7 +323,7 @@ class SchedulerProbe:
             resumed = rid in pending
             if resumed:
                 pending.discard(rid)
-            n = nst[rid]
+            n = nst[rid] - (len(drafts.get(rid, ())) if drafts else 0)
             start = req.num_computed_tokens
             end = start + n
             prefill_len = req.num_tokens
