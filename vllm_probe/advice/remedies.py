@@ -325,6 +325,8 @@ def _goal_dict(g: Goal) -> dict[str, Any]:
 
 
 def _describe_tradeoffs(pred: dict[str, Any]) -> str:
+    """The trade-offs as changes against the replay at the recorded settings (the same model
+    on both sides: the recorded figures differ from that replay by the baseline error)."""
     parts = []
     for name, row in pred["tradeoffs"].items():
         b, p = row["baseline"], row["predicted"]
@@ -332,7 +334,8 @@ def _describe_tradeoffs(pred: dict[str, Any]) -> str:
             continue
         change = f"{(p - b) / b * 100:+.0f} %" if b else f"{b:g} → {p:g}"
         parts.append(f"{name} {change}")
-    return "predicted: " + (", ".join(parts) if parts else "no change in " + ", ".join(pred["tradeoffs"]))
+    return ("replayed against the replay at the recorded settings: "
+            + (", ".join(parts) if parts else "no change in " + ", ".join(pred["tradeoffs"])))
 
 
 def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None:
@@ -399,7 +402,13 @@ def _goal_text(g: Goal) -> str:
 
 
 def _fmt(v: float | None) -> str:
-    return "?" if v is None else f"{v:.4g}"
+    """A figure in a remedy's arithmetic: counts with thousands separators (20,403, not
+    2.04e+04), other values to 4 significant digits."""
+    if v is None:
+        return "?"
+    if float(v).is_integer() or abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
 
 
 def _baseline_error(evaluator: Evaluator) -> dict[str, Any]:
