@@ -46,7 +46,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -197,7 +198,7 @@ def choose_hinges(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str]) -
     return tuple(chosen)
 
 
-def region_fits(rows: np.ndarray, periods: np.ndarray, predict: Callable[[np.ndarray], float]) -> list[RegionFit]:
+def region_fits(rows: np.ndarray, periods: np.ndarray, predict: Callable[[Sequence[float]], float]) -> list[RegionFit]:
     """The error per region: prefill-only steps by prefill tokens, decode-only steps by
     decode batch and by context tokens (4 geometric bins each)."""
     ok = np.isfinite(periods) & (periods > 0)
@@ -257,7 +258,7 @@ class StandIn:
         from .harness import SchedulerSpec
         from .replay import replay
 
-        reqs = []
+        reqs: list[WorkloadRequest] = []
         t = 1000.0
         for g, group in enumerate(plan.groups):
             for p, n in group:

@@ -475,7 +475,7 @@ def drift_factors(model: StepTimeModel, w: Workload, windows: int = 10) -> list[
     steps = np.array([s.step for s in w.steps])[ok]
     y = periods[ok]
     pred = np.array([model.raw(r) for r in rows[ok]]) * model.level
-    out = []
+    out: list[tuple[int, float]] = []
     for idx in np.array_split(np.arange(len(y)), max(1, min(windows, len(y)))):
         if not len(idx):
             continue

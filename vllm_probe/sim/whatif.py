@@ -274,7 +274,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
                               str(run_dir), ["vllm-probe", "whatif", str(run_dir)]))
     results = _run_all(tasks, jobs)
     recorded = _summary(run_dir)
-    drift_info = None
+    drift_info: dict[str, Any] | None = None
     if drift_on:
         constant = results.pop()
         without = relative_errors(recorded, constant.summary, BASELINE_TOLERANCES)
@@ -420,7 +420,7 @@ class _Task:
     """One replay for a worker process (picklable)."""
 
     workload: Workload
-    model: StepTimeModel
+    model: StepTimeModel | DriftModel
     overrides: dict[str, Any]
     settings: dict[str, Any]
     spec: Any
