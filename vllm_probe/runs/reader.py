@@ -428,7 +428,7 @@ class Follower:
         if f is None:
             if not str(path).endswith(".gz"):
                 try:
-                    f = open(path, "rb")
+                    f = open(path, "rb")  # noqa: SIM115 -- closed in the finally below (plain)
                     plain = True
                     f.seek(pos.offset)
                 except OSError:  # compressed (or removed) since it was listed: its .gz
@@ -436,7 +436,7 @@ class Follower:
                     path = path.with_name(path.name + ".gz")
             if f is None:
                 try:
-                    f = pos.gz = gzip.open(path, "rb")
+                    f = pos.gz = gzip.open(path, "rb")  # noqa: SIM115 -- kept open in pos across reads
                     skip = pos.offset
                     while skip:  # the uncompressed bytes already read from the plain file
                         got = len(f.read(min(skip, self._chunk)))
