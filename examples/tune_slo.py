@@ -84,7 +84,7 @@ def main() -> int:
         err = "-" if p is None or not m else f"{(p - m) / m * 100:+.0f} %"
         unit = OBJECTIVES[name].unit
 
-        def fmt(v):
+        def fmt(v, unit=unit):
             return "-" if v is None else f"{v:.3f}" if unit == "s" else f"{v:.0f}"
         print(f"{name + ' (' + unit + ')':22} {fmt(recorded[name]):>10} {fmt(p):>10} {fmt(m):>10} {err:>8}")
     met = real["ttft_p90"] is not None and real["ttft_p90"] <= target * 1.15

@@ -22,7 +22,7 @@ def run(tmp_path_factory):
 
 
 def _figures(evs):
-    return [(e.overrides, e.error, {k: v for k, v in e.figures.items()}) for e in evs]
+    return [(e.overrides, e.error, dict(e.figures.items())) for e in evs]
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def test_the_smallest_change_that_reaches_the_goal_is_the_remedy():
     not offered (the rule's knobs: seqs × 0.75, 0.5, 0.25, 0.125; blocks × 1.25 … 4)."""
     ev = FakeEvaluator(lambda p: 0 if settings(p, "max_num_seqs", 16) <= 6 else 20)
     f = storm()
-    (s,) = remedies.search([f], ev)
+    (_s,) = remedies.search([f], ev)
     assert [list(map(dict.items, batch)) for batch in ev.points] == [
         [{"max_num_seqs": 12}.items(), {"num_kv_blocks": 50}.items()],
         [{"max_num_seqs": 8}.items(), {"num_kv_blocks": 60}.items()],

@@ -103,5 +103,6 @@ def test_the_window_text():
     w = RetentionWindow(engine=0, removed=12, first_step=48112, after_start_s=3 * 3600 + 600,
                         requests_before_window=3)
     assert w.text() == "retention removed segments 1–12: the window starts at step 48,112, 3 h 10 min after the start"
-    assert RetentionWindow(0, 1, 7, 65.0, 0).text() == "retention removed segment 1: the window starts at step 7, 1 min 5 s after the start"
+    assert RetentionWindow(0, 1, 7, 65.0, 0).text() == (
+        "retention removed segment 1: the window starts at step 7, 1 min 5 s after the start")
     assert span(12.54) == "12.5 s" and span(7200) == "2 h"

@@ -11,7 +11,6 @@ from tests.conftest import run_cli
 from tests.analysis.test_doctor_rules import Run, _stall, _storm
 from tests.schema.test_settings import SEED_CONFIG_TOML
 from vllm_probe import cli
-from vllm_probe.analysis.summary import summarize
 
 
 def _write(run: Run, path, meta: dict | None = None):

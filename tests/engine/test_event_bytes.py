@@ -28,8 +28,9 @@ _VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us|device_memory_bytes)": -
 _DIGEST = re.compile(rb'"[0-9a-f]{16}"')
 #: Optional fields written since the golden file (the last field of their kind, so the
 #: line is the old one once the field and its leading ", " are cut).
-ADDED_SINCE = re.compile(rb', "head_blocked_by": "[a-z_]+"|, "platform": "[a-z]+"|, "max_segment_mb": [0-9.]+, "rotate_every_s": '
-                         rb'[0-9.a-z]+, "compress_segments": [a-z]+, "keep_mb": [0-9.a-z]+, "keep_hours": [0-9.a-z]+')
+ADDED_SINCE = re.compile(rb', "head_blocked_by": "[a-z_]+"|, "platform": "[a-z]+"|, "max_segment_mb": [0-9.]+, '
+                         rb'"rotate_every_s": [0-9.a-z]+, "compress_segments": [a-z]+, "keep_mb": [0-9.a-z]+, '
+                         rb'"keep_hours": [0-9.a-z]+')
 
 
 def mask(data: bytes) -> bytes:

@@ -325,7 +325,8 @@ def test_every_event_once_across_segments_on_the_real_scheduler(tmp_path, segmen
     (one_file,) = (tmp_path / "one").iterdir()
     files = segments_of(seg_sink.path)
     assert len(files) == len(list((tmp_path / "seg").iterdir())) == seg_sink.segment > 10
-    assert [f.name.endswith(".gz") for f in files] == [True] * (len(files) - 1) + [False]  # compress_segments: on by default
+    # compress_segments: on by default
+    assert [f.name.endswith(".gz") for f in files] == [True] * (len(files) - 1) + [False]
     one, segmented = _events_without_copies([one_file]), _events_without_copies(files)
     assert len(one) > 100 and any(e["event"] == "preempt" for e in one)
     assert _comparable(segmented[:-1]) == _comparable(one[:-1])  # all but probe_stats

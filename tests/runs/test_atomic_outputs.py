@@ -31,10 +31,9 @@ def test_an_interrupted_atomic_dir_leaves_the_previous_output(tmp_path, exc):
     out = tmp_path / "res"
     with atomic_dir(out) as tmp:
         (tmp / "a").write_text("1")
-    with pytest.raises(exc):
-        with atomic_dir(out) as tmp:
-            (tmp / "half").write_text("x")
-            raise exc()
+    with pytest.raises(exc), atomic_dir(out) as tmp:
+        (tmp / "half").write_text("x")
+        raise exc()
     assert sorted(os.listdir(tmp_path)) == ["res"] and sorted(os.listdir(out)) == ["a"]
 
 
@@ -58,10 +57,9 @@ def test_atomic_file_is_private_and_whole(tmp_path):
         f.write(b"one\n")
         assert not path.exists()
     assert path.read_bytes() == b"one\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_file(path) as f:
-            f.write(b"two\n")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), atomic_file(path) as f:
+        f.write(b"two\n")
+        raise KeyboardInterrupt
     assert path.read_bytes() == b"one\n" and sorted(os.listdir(tmp_path)) == ["out.jsonl"]
 
 

@@ -38,7 +38,8 @@ def _record(run_dir, max_segment_mb):
         trace(testing.make_scheduler(spec), workload())
         # a second workload with chunked prefill: a request's chunks span segments
         s = testing.make_scheduler(testing.SchedulerSpec(max_num_batched_tokens=64, num_blocks=64))
-        trace(s, [testing.make_request(300, 5, req_id="c0", seed=10), testing.make_request(20, 3, req_id="c1", seed=11)])
+        trace(s, [testing.make_request(300, 5, req_id="c0", seed=10),
+                  testing.make_request(20, 3, req_id="c1", seed=11)])
     finally:
         probe.uninstall(Scheduler)
     rt.sink.close()
@@ -251,7 +252,7 @@ def test_a_follower_started_late_begins_at_the_oldest_segment_kept(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     done = threading.Event()
-    sink, t = _write_live(run, 600, 2000, done)
+    _sink, t = _write_live(run, 600, 2000, done)
     t.join()
     streams = event_streams(run)
     first = streams[0].segments[0]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from vllm_probe.analysis.workload import Workload, WorkloadRequest
 

@@ -171,7 +171,7 @@ def _ladder(lo: int, hi: int) -> list[int]:
 
 
 def _out_of_range(key: str, v: Any) -> str | None:
-    if isinstance(v, bool) or isinstance(v, str):
+    if isinstance(v, (bool, str)):
         return None
     if key in ("gpu_memory_utilization",) and not 0 < v <= 1:
         return f"{key}={v}: a share of device memory in (0, 1]"

@@ -282,7 +282,7 @@ def itl_spread(s: Summary) -> float | None:
 
 def is_prediction(s: Summary) -> bool:
     """Whether ``s`` is a replay written by ``vllm-probe whatif`` (its meta.json command)."""
-    return bool(s.command) and list(s.command[:2]) == ["vllm-probe", "whatif"]
+    return s.command is not None and list(s.command[:2]) == ["vllm-probe", "whatif"]
 
 
 def steps_comparable(base: Summary, other: Summary) -> bool:

@@ -291,7 +291,8 @@ class EngineState:
     _requests_logged: bool = True  # engine_config.flags.log_request_events
     #: ``(step, tokens)`` of the latest recompute chunks (resumed passes), for the recompute
     #: tax over the rolling window (:meth:`recent_recompute_tax`); bounded
-    recent_recomputed: deque = field(default_factory=lambda: deque(maxlen=RECENT_RECOMPUTES_KEEP))
+    recent_recomputed: deque[tuple[int | None, int]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_RECOMPUTES_KEEP))
     window: deque[StepRecord] = field(init=False)
     #: every step of the run, in bounded spans (the finished run's overview, evidence ranges)
     timeline: Timeline = field(init=False)

@@ -208,11 +208,6 @@ class PriorityWait:
     lower: list[tuple[str, int]]
 
 
-#: An admitted request whose first token is not known yet: (arrival_step, first_step,
-#: prompt_len, head_blocked_counts at arrival or None, at admission).
-_Waiting = tuple[int, int, int | None, dict[str, int] | None, dict[str, int]]
-
-
 class _Pass:
     """A first prefill pass in progress: chunks so far, whether a step of it decoded
     anything, the KV tokens its later chunks re-read, its first step."""

@@ -153,7 +153,7 @@ def measure(run_dir: str | Path | None, names: Iterable[str], summary: Summary |
     rows: list[RequestState] | None = None
     for name in names:
         o = objective(name)
-        if subset or o.summary_path is None and o.request_field is not None:
+        if subset or (o.summary_path is None and o.request_field is not None):
             if o.request_field is None:
                 raise ObjectiveError(f"{name} is a run-wide figure; it cannot be measured over some requests")
             if rows is None:

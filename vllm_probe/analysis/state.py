@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..schema.records import STRUCTS
 from .engine_state import (
@@ -101,7 +101,7 @@ class RunState:
         self.events += 1
         handler(eng, ev)
 
-    def apply_batch(self, batch: list) -> None:
+    def apply_batch(self, batch: list[Any]) -> None:
         """Update the state with a list of records, in order: the same as :meth:`apply` on
         each (records only, not dicts: what :func:`~vllm_probe.runs.reader.iter_file_batches`
         yields), with the per-event bookkeeping (engine core, pids, time range, count)
@@ -110,7 +110,7 @@ class RunState:
         handlers = self._handlers
         eng: EngineState | None = None
         idx = -1
-        pids: set = set()
+        pids: set[int] = set()
         first = last = 0.0
         n = 0
         for ev in batch:
@@ -133,6 +133,7 @@ class RunState:
             if pid is not None and pid not in pids:
                 pids.add(pid)
             n += 1
+            assert eng is not None  # bound at the first record (idx starts at -1)
             handler(eng, ev)
         if eng is not None:
             self._range(eng, first, last)
@@ -146,10 +147,10 @@ class RunState:
             return
         if last > eng.last_ts:
             eng.last_ts = last
-        if first < eng.first_ts:
+        if eng.first_ts is None or first < eng.first_ts:
             eng.first_ts = first
 
-    def apply_all(self, events) -> "RunState":
+    def apply_all(self, events: Iterable[Any]) -> RunState:
         apply = self.apply
         for ev in events:
             apply(ev)
@@ -233,7 +234,7 @@ class RunState:
         eng.config = ev
         eng.max_num_seqs = ev.max_num_seqs
 
-    def _step(self, eng: EngineState, ev) -> None:
+    def _step(self, eng: EngineState, ev: Any) -> None:
         # the hot path of every reader (most lines are steps): each field and attribute is
         # read once into a local, bound_by and Buckets.add are inlined, and the
         # schedule-time buckets are kept only when a consumer asks (``buckets``)
@@ -258,9 +259,9 @@ class RunState:
         if schedule_us is None:
             schedule_us = 0.0
         elif self.buckets:  # Buckets.add inlined
-            schedule_s, hist = schedule_us * 1e-6, eng.schedule_s
-            hist.counts[bisect_left(hist.bounds, schedule_s)] += 1
-            hist.sum += schedule_s
+            schedule_s, sched_hist = schedule_us * 1e-6, eng.schedule_s
+            sched_hist.counts[bisect_left(sched_hist.bounds, schedule_s)] += 1
+            sched_hist.sum += schedule_s
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill

@@ -53,10 +53,10 @@ def span(seconds: float) -> str:
     """A duration as the window line says it: ``3 h 10 min``, ``4 min 5 s``, ``12.5 s``."""
     s = max(float(seconds), 0.0)
     if s >= 3600:
-        h, m = divmod(int(round(s / 60)), 60)
+        h, m = divmod(round(s / 60), 60)
         return f"{h} h {m} min" if m else f"{h} h"
     if s >= 60:
-        m, sec = divmod(int(round(s)), 60)
+        m, sec = divmod(round(s), 60)
         return f"{m} min {sec} s" if sec else f"{m} min"
     return f"{s:.1f} s"
 

@@ -20,7 +20,8 @@ only when they run, so reading commands work without vLLM installed::
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
 (e.g. no events), 2 bad usage or input (bad settings, missing run directory),
-3 ``doctor`` found something critical / ``tune`` found no setting meeting the SLOs, 126/127 command not executable / not found.
+3 ``doctor`` found something critical / ``tune`` found no setting meeting the SLOs,
+126/127 command not executable / not found.
 """
 
 from __future__ import annotations

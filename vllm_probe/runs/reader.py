@@ -165,13 +165,15 @@ def _continues(path: Path) -> bool:
     """Whether the segment at ``path`` continues a stream read before it: the segment
     before it is on disk (plain or gzipped)."""
     n = segment_of(path)
-    if n is None or n <= 1:
+    m = SEGMENT_NAME.match(path.name)
+    if n is None or n <= 1 or m is None:
         return False
-    prev = path.with_name(f"{SEGMENT_NAME.match(path.name)['stream']}{'' if n == 2 else f'.{n - 1}'}.jsonl")
+    prev = path.with_name(f"{m['stream']}{'' if n == 2 else f'.{n - 1}'}.jsonl")
     return prev.exists() or prev.with_name(prev.name + ".gz").exists()
 
 
-_ENGINE_CONFIG = records.EngineConfigEvent
+#: Any: the record classes are built at import (schema.records), their fields unknown to mypy
+_ENGINE_CONFIG: Any = records.EngineConfigEvent
 
 
 def _skip_headers(decoded: Iterator, stats: ReadStats, with_lines: bool) -> Iterator:
@@ -437,7 +439,7 @@ class Follower:
         if f is None:
             if not str(path).endswith(".gz"):
                 try:
-                    f = open(path, "rb")
+                    f = open(path, "rb")  # noqa: SIM115 -- closed in the finally below (plain)
                     plain = True
                     f.seek(pos.offset)
                 except OSError:  # compressed (or removed) since it was listed: its .gz
@@ -445,7 +447,7 @@ class Follower:
                     path = path.with_name(path.name + ".gz")
             if f is None:
                 try:
-                    f = pos.gz = gzip.open(path, "rb")
+                    f = pos.gz = gzip.open(path, "rb")  # noqa: SIM115 -- kept open in pos across reads
                     skip = pos.offset
                     while skip:  # the uncompressed bytes already read from the plain file
                         got = len(f.read(min(skip, self._chunk)))

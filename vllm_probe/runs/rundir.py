@@ -322,7 +322,7 @@ def remove_partials(path: Path) -> list[Path]:
     import shutil
 
     path = Path(path)
-    removed = []
+    removed: list[Path] = []
     try:
         siblings = list(path.parent.glob(f".{glob_escape(path.name)}{PARTIAL_MARK}*"))
     except OSError:

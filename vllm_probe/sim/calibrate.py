@@ -46,7 +46,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def _geom(lo: int, hi: int, n: int) -> list[int]:
     """About ``n`` integers from ``lo`` to ``hi`` (both included), geometrically spaced."""
     if hi <= lo:
         return [max(lo, 1)]
-    return sorted({int(round(v)) for v in np.geomspace(max(lo, 1), hi, n)})
+    return sorted({round(v) for v in np.geomspace(max(lo, 1), hi, n)})
 
 
 @dataclass
@@ -197,7 +198,7 @@ def choose_hinges(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str]) -
     return tuple(chosen)
 
 
-def region_fits(rows: np.ndarray, periods: np.ndarray, predict: Callable[[np.ndarray], float]) -> list[RegionFit]:
+def region_fits(rows: np.ndarray, periods: np.ndarray, predict: Callable[[Sequence[float]], float]) -> list[RegionFit]:
     """The error per region: prefill-only steps by prefill tokens, decode-only steps by
     decode batch and by context tokens (4 geometric bins each)."""
     ok = np.isfinite(periods) & (periods > 0)
@@ -257,9 +258,9 @@ class StandIn:
         from .harness import SchedulerSpec
         from .replay import replay
 
-        reqs = []
+        reqs: list[WorkloadRequest] = []
         t = 1000.0
-        for g, group in enumerate(plan.groups):
+        for group in plan.groups:
             for p, n in group:
                 reqs.append(WorkloadRequest(order=len(reqs), req_id=f"cal{len(reqs)}", prompt_len=p, max_tokens=n,
                                             output_tokens=n, arrival_ts=t, added_ts=t, finish_reason="length"))
@@ -382,7 +383,7 @@ def calibrate(like: str | Path, out: str | Path | None, max_seconds: float = DEF
     plan = design(config)
     if driver is None:
         mpath = found["model"]
-        if (mpath.startswith(("/", "./", "~")) or os.sep in mpath and not re.match(r"^[\w.-]+/[\w.-]+$", mpath)) \
+        if (mpath.startswith(("/", "./", "~")) or (os.sep in mpath and not re.match(r"^[\w.-]+/[\w.-]+$", mpath))) \
                 and not Path(os.path.expanduser(mpath)).exists():
             raise CalibrateError(f"the model folder {mpath} is gone; pass --model PATH to calibrate that engine")
         try:

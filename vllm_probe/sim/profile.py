@@ -221,8 +221,8 @@ def find_cached(rec: Identity) -> tuple[Path, Profile] | None:
             found.append((prof.created, str(path), prof))
     if not found:
         return None
-    _, path, prof = max(found)
-    return Path(path), prof
+    _, found_path, prof = max(found)
+    return Path(found_path), prof
 
 
 def hardware() -> str:

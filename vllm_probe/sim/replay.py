@@ -267,7 +267,9 @@ def replay(
     if spec.async_scheduling:
         # whatif's async_scheduling setting (engine_args.resolve) chooses the class; EngineCore drives
         # an AsyncScheduler through step_with_batch_queue (vllm/v1/engine/core.py, 0.32): depth 2 below
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as scheduler_cls
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        scheduler_cls = AsyncScheduler
     depth = 2 if scheduler_cls is not None else 1  # EngineCore's batch queue
     clock = VirtualClock(w.t0)  # engine_config is stamped at the recording's start, as the steps are
     target = _ConfigOverlay(sink, config_overlay or {})

@@ -403,7 +403,7 @@ def fit_rows(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str], trim: 
 
     quality = Quality(r2=r2(np.ones(len(y), bool)), r2_trimmed=r2(keep),
                       median_abs_ms=float(np.median(err) * 1e3), p90_abs_ms=float(np.quantile(err, 0.9) * 1e3),
-                      steps=int(len(y)), kept=int(keep.sum()), predicted_s=float(pred.sum()),
+                      steps=len(y), kept=int(keep.sum()), predicted_s=float(pred.sum()),
                       measured_s=float(y.sum()), drift=_drift(y, pred))
     return StepTimeModel(terms, b0, tuple(float(c) for c in b), quality, level=level, region=region_of(rows[ok]))
 
@@ -459,7 +459,7 @@ def fit_level(model: StepTimeModel, w: Workload) -> StepTimeModel:
     ss = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss if ss > 0 else None
     quality = Quality(r2=r2, r2_trimmed=r2, median_abs_ms=float(np.median(err) * 1e3),
-                      p90_abs_ms=float(np.quantile(err, 0.9) * 1e3), steps=int(len(y)), kept=int(len(y)),
+                      p90_abs_ms=float(np.quantile(err, 0.9) * 1e3), steps=len(y), kept=len(y),
                       predicted_s=float(pred.sum()), measured_s=float(y.sum()), drift=_drift(y, pred))
     return StepTimeModel(model.terms, model.intercept, model.coef, quality, level=level,
                          region=dict(model.region), profile=model.profile)
@@ -475,7 +475,7 @@ def drift_factors(model: StepTimeModel, w: Workload, windows: int = 10) -> list[
     steps = np.array([s.step for s in w.steps])[ok]
     y = periods[ok]
     pred = np.array([model.raw(r) for r in rows[ok]]) * model.level
-    out = []
+    out: list[tuple[int, float]] = []
     for idx in np.array_split(np.arange(len(y)), max(1, min(windows, len(y)))):
         if not len(idx):
             continue

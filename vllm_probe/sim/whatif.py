@@ -274,7 +274,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
                               str(run_dir), ["vllm-probe", "whatif", str(run_dir)]))
     results = _run_all(tasks, jobs)
     recorded = _summary(run_dir)
-    drift_info = None
+    drift_info: dict[str, Any] | None = None
     if drift_on:
         constant = results.pop()
         without = relative_errors(recorded, constant.summary, BASELINE_TOLERANCES)
@@ -420,7 +420,7 @@ class _Task:
     """One replay for a worker process (picklable)."""
 
     workload: Workload
-    model: StepTimeModel
+    model: StepTimeModel | DriftModel
     overrides: dict[str, Any]
     settings: dict[str, Any]
     spec: Any
@@ -444,12 +444,13 @@ def _run(task: _Task) -> ConfigResult:
     """Replay one task into its run directory (written whole, :func:`atomic_dir`) and
     summarize it."""
     run_dir = task.run_dir
-    if run_dir.exists():
-        if not read_meta(run_dir).get("simulated") and any(run_dir.iterdir()) and not _interrupted(run_dir):
-            raise WhatifError(f"{run_dir} exists and is not a simulated run; choose another --out")
+    if run_dir.exists() and not read_meta(run_dir).get("simulated") and any(run_dir.iterdir()) \
+            and not _interrupted(run_dir):
+        raise WhatifError(f"{run_dir} exists and is not a simulated run; choose another --out")
     with atomic_dir(run_dir) as tmp:  # written whole: an interrupted replay leaves no half folder
         _replay_into(task, tmp)
-    return ConfigResult(task.settings, task.overrides, run_dir, _summary(run_dir), read_meta(run_dir)["whatif"]["replay"])
+    return ConfigResult(task.settings, task.overrides, run_dir, _summary(run_dir),
+                        read_meta(run_dir)["whatif"]["replay"])
 
 
 def _interrupted(run_dir: Path) -> bool:

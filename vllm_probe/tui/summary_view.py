@@ -161,7 +161,8 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         # discarded = work wasted; recomputed = the whole re-prefill (summary.py's definitions)
         ("discarded (wasted) · recomputed tok", f"{count(p.discarded_tokens)} · {count(p.recomputed_tokens)}"),
         # recomputed / all computed tokens (vLLM RFC #54644)
-        ("recompute tax", figure(p.recompute_tax, "%") + " of computed tokens" if p.recompute_tax is not None else UNKNOWN),
+        ("recompute tax",
+         figure(p.recompute_tax, "%") + " of computed tokens" if p.recompute_tax is not None else UNKNOWN),
         ("worst request", f"{p.worst_request} ×{p.worst_preemptions}" if p.worst_request else UNKNOWN),
         ("per step max · steps with >1", f"{count(p.max_per_step)} · {count(p.steps_with_several)}"
          + (f" of {count(p.steps_with_preemptions)}" if p.steps_with_preemptions else "")),

@@ -136,6 +136,7 @@ def _table(result: Any, runs: list[tuple[str, Any]], page: list[int], title: str
                or (k == "num_kv_blocks" and from_memory)]
     for key in changed:
         derived = key == "num_kv_blocks" and from_memory
+        cells: list[str | Text]
         cells = [figure(result.baseline.settings.get(key)) if not trace else figure(result.recorded.config.get(key)),
                  figure(result.baseline.settings.get(key))]
         for c in (result.configs[k] for k in page):
@@ -146,7 +147,7 @@ def _table(result: Any, runs: list[tuple[str, Any]], page: list[int], title: str
     for label in ROWS:
         f = FIGURE[label]
         base = f.get(result.baseline.summary)
-        cells: list[Any] = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
+        cells = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
         for k in page:
             v = f.get(runs[2 + k][1])
             cells += [figure(v, f.unit), fmt_delta(f, base, v)]
