@@ -66,7 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     probed_init = Scheduler.__init__
     probed_schedule = Scheduler.schedule
 
-    def __init__(self, *args, **kwargs):  # noqa: N807 - the method it wraps
+    def __init__(self, *args, **kwargs):
         rec = _Sched(MemorySink())
         rt._sink = rec.sink  # this scheduler's probe binds its own sink at construction
         setattr(self, ATTR, rec)
@@ -168,7 +168,8 @@ def violations(events: list[tuple[str, dict]], outputs: list[tuple[int, dict, se
                     running.update(per_req)
             else:
                 bad.append(f"step {step} without a schedule() call")
-            if ev["prefill_tokens"] is not None and ev["prefill_tokens"] + ev["decode_tokens"] != ev["scheduled_tokens"]:
+            prefill = ev["prefill_tokens"]
+            if prefill is not None and prefill + ev["decode_tokens"] != ev["scheduled_tokens"]:
                 bad.append(f"step {step}: prefill {ev['prefill_tokens']} + decode {ev['decode_tokens']} != "
                            f"{ev['scheduled_tokens']}")
             step_chunks = []

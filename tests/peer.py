@@ -191,7 +191,8 @@ def table(release: str, plain: Run, probed: Run) -> tuple[str, bool]:
         lines.append(f"  {r['test']}: {r['n_violations']} violations, e.g. {r['violations'][0]}")
     failing = sorted(t for t, o in plain.outcomes.items() if o in ("failed", "error"))
     if failing:
-        lines.append(f"failing without the probe too ({len(failing)}): " + ", ".join(t.split("::")[-1] for t in failing))
+        lines.append(f"failing without the probe too ({len(failing)}): "
+                     + ", ".join(t.split("::")[-1] for t in failing))
     lines.append("PASS" if ok else "FAIL")
     return "\n".join(lines), ok
 

@@ -199,8 +199,8 @@ def any_record(draw) -> dict:
     """One event valid by the schema (every required field, optional ones or not), with
     arbitrary values of the right type and range."""
     kind = draw(st.sampled_from(sorted(KINDS)))
-    ev: dict = {"event": kind, "ts": draw(st.floats(1000.0, 1100.0)), "pid": 7, "engine": draw(st.sampled_from([0, 0, 1])),
-                "schema": 1}
+    ev: dict = {"event": kind, "ts": draw(st.floats(1000.0, 1100.0)), "pid": 7,
+                "engine": draw(st.sampled_from([0, 0, 1])), "schema": 1}
     for f in KINDS[kind].fields:
         if f.optional and draw(st.booleans()):
             continue
@@ -304,7 +304,7 @@ def test_the_valid_streams_hold_what_the_properties_need():
     d, ids, reqs, steps, chunks, preempts = WHOLE["real"]
     assert steps > 0 and chunks and preempts and reqs
     assert d["requests_finished"] > 0
-    d, ids, reqs, steps, chunks, preempts = WHOLE["preempt"]
+    d, _ids, reqs, steps, chunks, preempts = WHOLE["preempt"]
     assert preempts and d["requests_finished"] == 3
 
 
