@@ -301,7 +301,7 @@ def test_figures_do_not_depend_on_where_the_follower_cuts_the_stream(tmp_path_fa
 def test_the_valid_streams_hold_what_the_properties_need():
     # the fixed streams exercise chunks, preemptions and finished requests (else the
     # figure equality above would hold on nothing)
-    d, ids, reqs, steps, chunks, preempts = WHOLE["real"]
+    d, _ids, reqs, steps, chunks, preempts = WHOLE["real"]
     assert steps > 0 and chunks and preempts and reqs
     assert d["requests_finished"] > 0
     d, _ids, reqs, steps, chunks, preempts = WHOLE["preempt"]
