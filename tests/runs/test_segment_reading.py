@@ -70,7 +70,8 @@ def _summary(run):
     from vllm_probe.analysis.summary import summarize
 
     d = summarize(run).to_dict()
-    for key in ("run_dir", "read", "duration_s", "output_tokens_per_s", "schedule_us", "latency",
+    for key in ("run_dir", "read", "duration_s", "output_tokens_per_s", "busy_s", "output_tokens_per_busy_s",
+                "schedule_us", "latency",
                 "latency_classes", "latency_by_priority", "moments"):
         d.pop(key, None)
     return d
@@ -271,7 +272,7 @@ def test_retention_while_tail_and_metrics_follow(tmp_path):
     counts the segments it missed, and the metrics count what the state read."""
     import io
 
-    from tests.test_metrics import Series, scrape_text
+    from tests.exporters.test_metrics import Series, scrape_text
     from vllm_probe.exporters.prometheus import MetricsServer, RunStateCollector
     from vllm_probe.tui.watch import Watcher
 
