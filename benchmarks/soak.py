@@ -457,7 +457,8 @@ def read_archive(archive: Path) -> dict[str, Any]:
         for k in probe:
             v = getattr(rec, k, None) or 0
             probe[k] += sum(v.values()) if isinstance(v, dict) else v  # hook_errors: {hook: n}
-    return {"events_read": stats.events - headers, "segment_headers": headers, "lines_skipped": stats.skipped, "skipped": stats.describe(),
+    return {"events_read": stats.events - headers, "segment_headers": headers, "lines_skipped": stats.skipped,
+            "skipped": stats.describe(),
             "steps": steps, "first_step": first, "last_step": last, "step_gaps": gaps,
             "requests_finished": finished, "finished_by_reason": by_reason, "output_tokens": out_tokens,
             "probe_stats_seen": bool(final_stats), "events_before_final_stats": sum(before_final.values()),
@@ -675,10 +676,15 @@ def checks(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _rss_text(m: dict[str, Any]) -> str:
+    """One process's RSS after warm-up: ``baseline -> end MiB (growth, slope MiB/h)``."""
+    growth = "-" if m["growth"] is None else f"{m['growth'] * 100:+.1f} %"
+    return f"{m['baseline_mib']} -> {m['end_mib']} MiB ({growth}, {m['slope_mib_per_h']} MiB/h)"
+
+
 def table(r: dict[str, Any]) -> str:
     """The result as a plain-text table."""
     c, a, d, rss = r["client"], r["archive"], r["disk"], r["rss"]
-    pct = lambda g: "-" if g is None else f"{g * 100:+.1f} %"  # noqa: E731
     rows = [
         ("load time", f"{r.get('load_s', 0) / 60:.1f} min (warm-up {r['warmup_s'] / 60:.1f} min)"),
         ("settings", json.dumps(r["settings"]) if r["settings"] else "(no segment limits)"),
@@ -696,12 +702,9 @@ def table(r: dict[str, Any]) -> str:
         ("disk max: run dir / event files", f"{d['max_mib']:.2f} / {d['max_event_bytes'] / MIB:.2f} MiB"),
         ("disk max settled / bound", f"{d['max_settled_bytes'] / MIB:.2f} MiB / "
                                      + ("-" if d["bound_bytes"] is None else f"{d['bound_bytes'] / MIB:.2f} MiB")),
-        ("engine core RSS after warm-up", f"{rss['engine']['baseline_mib']} -> {rss['engine']['end_mib']} MiB "
-                                          f"({pct(rss['engine']['growth'])}, {rss['engine']['slope_mib_per_h']} MiB/h)"),
-        ("worker RSS after warm-up (no probe in it)", f"{rss['worker']['baseline_mib']} -> {rss['worker']['end_mib']} MiB "
-                                                      f"({pct(rss['worker']['growth'])}, {rss['worker']['slope_mib_per_h']} MiB/h)"),
-        ("sidecar RSS after warm-up", f"{rss['sidecar']['baseline_mib']} -> {rss['sidecar']['end_mib']} MiB "
-                                      f"({pct(rss['sidecar']['growth'])}, {rss['sidecar']['slope_mib_per_h']} MiB/h)"),
+        ("engine core RSS after warm-up", _rss_text(rss["engine"])),
+        ("worker RSS after warm-up (no probe in it)", _rss_text(rss["worker"])),
+        ("sidecar RSS after warm-up", _rss_text(rss["sidecar"])),
         ("run dir summary (after retention)", f"{r['summary_run_dir'].get('requests_finished')} requests, "
                                               f"{r['summary_run_dir'].get('steps')} steps"),
         ("load average (min/median/max)", f"{r['load_avg']['min']} / {r['load_avg']['median']} / "
