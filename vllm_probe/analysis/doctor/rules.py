@@ -1015,7 +1015,23 @@ def long_prefill_candidates(settings: dict[str, Any], finding: Finding) -> list[
     return out
 
 
-KNOB_SEQS_DOWN = Knob("max_num_seqs", "down", scaled("max_num_seqs", (0.75, 0.5, 0.25, 0.125)))
+SEQS_DOWN_FACTORS = (0.75, 0.5, 0.25, 0.125)
+
+
+def seqs_down_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
+    """``max_num_seqs`` × :data:`SEQS_DOWN_FACTORS` of the running peak the evidence names
+    (``peak_running``, ``running_max``) when it is below the configured limit, else of
+    the limit: fractions of a limit never reached change nothing (docs/tune.md: the thrash
+    storm's 64 → 48, 32, 16, 8 with 3 running; from the peak: 2, 1, and 1 ends it)."""
+    ev = finding.evidence
+    peak = getattr(ev, "peak_running", None) or getattr(ev, "running_max", None)
+    base = _int(settings, "max_num_seqs")
+    if isinstance(peak, int) and not isinstance(peak, bool) and peak > 0 and (base is None or peak < base):
+        settings = {**settings, "max_num_seqs": peak}
+    return scaled("max_num_seqs", SEQS_DOWN_FACTORS)(settings, finding)
+
+
+KNOB_SEQS_DOWN = Knob("max_num_seqs", "down", seqs_down_candidates)
 def seqs_up_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
     """``max_num_seqs`` × 1.5, 2, 3, 4, never above what the KV cache holds at full length
     (advice converges: a storm's remedy lowered it to that)."""
