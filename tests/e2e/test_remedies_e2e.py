@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import requires_vllm, run_cli
 from vllm_probe.analysis.objectives import measure
 
-pytestmark = [requires_vllm, pytest.mark.engine]
+pytestmark = [requires_vllm, pytest.mark.engine, pytest.mark.slow]
 
 SCENARIO = ("--scenario", "configs/scenarios/thrash.yaml")
 FLAGS = {"max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
