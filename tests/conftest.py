@@ -143,8 +143,11 @@ def serve_under_probe(base: Path, stop, new_session: bool = False, in_flight: bo
     )
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
+        # the tests read vLLM's INFO lines ("(EngineCore pid=N)"): a test before this one that
+        # replayed in-process (sim.whatif.quiet_vllm) left VLLM_LOGGING_LEVEL=ERROR in os.environ
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=new_session)
+                                start_new_session=new_session, env=env)
         try:
             deadline = time.time() + 300
             while True:
