@@ -91,6 +91,10 @@ def _no_probe_env(monkeypatch):
     """Tests start from an environment where the probe is off."""
     for name in ("VLLMPROBE_ENABLE", "VLLMPROBE_RUN_DIR", "VLLMPROBE_SETTINGS"):
         monkeypatch.delenv(name, raising=False)
+    # an in-process replay (sim.whatif.quiet_vllm) sets VLLM_LOGGING_LEVEL=ERROR in os.environ;
+    # monkeypatch puts the variable back as it was after each test, so no later test's vLLM
+    # subprocess (the compat slice, the server) loses the INFO lines it reads
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     # no step-time profile a user calibrated on this machine leaks into a test's whatif
     monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", "/nonexistent/vllm-probe-test-profiles")
 
