@@ -91,6 +91,10 @@ def _no_probe_env(monkeypatch):
     """Tests start from an environment where the probe is off."""
     for name in ("VLLMPROBE_ENABLE", "VLLMPROBE_RUN_DIR", "VLLMPROBE_SETTINGS"):
         monkeypatch.delenv(name, raising=False)
+    # an in-process replay (sim.whatif.quiet_vllm) sets VLLM_LOGGING_LEVEL=ERROR in os.environ;
+    # monkeypatch puts the variable back as it was after each test, so no later test's vLLM
+    # subprocess (the compat slice, the server) loses the INFO lines it reads
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     # no step-time profile a user calibrated on this machine leaks into a test's whatif
     monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", "/nonexistent/vllm-probe-test-profiles")
 
@@ -143,8 +147,11 @@ def serve_under_probe(base: Path, stop, new_session: bool = False, in_flight: bo
     )
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
+        # the tests read vLLM's INFO lines ("(EngineCore pid=N)"): a test before this one that
+        # replayed in-process (sim.whatif.quiet_vllm) left VLLM_LOGGING_LEVEL=ERROR in os.environ
+        env = {**os.environ, "VLLM_LOGGING_LEVEL": "INFO"}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=new_session)
+                                start_new_session=new_session, env=env)
         try:
             deadline = time.time() + 300
             while True:
