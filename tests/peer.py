@@ -10,7 +10,7 @@ checked, hook errors, and invariant violations (:func:`tests._peer_plugin.violat
 Exit 0 when the outcomes are the same, no hook error and no violation.
 
 Where the tests come from: the release's source distribution on PyPI (found through the
-simple index, https://pypi.org/simple/vllm/, checked against its sha256; ``pip download
+simple index pip itself is configured with, checked against its sha256; ``pip download
 --no-binary`` cannot be used, it builds the package's metadata, which needs vLLM's
 build tools), of which only ``tests/`` is extracted into ``~/.cache/vllm-probe/peer/
 vllm-X/`` (``--cache``). Nothing of it is ever in the repository. ``--sdist FILE`` takes
@@ -52,7 +52,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CACHE = Path("~/.cache/vllm-probe/peer").expanduser()
 TEST_FILE = "tests/v1/core/test_scheduler.py"
-INDEX = "https://pypi.org/simple/vllm/"
+
+
+def index_url() -> str:
+    """vLLM's page of the simple index pip itself uses: ``PIP_INDEX_URL``, else pip's
+    configured ``global.index-url``, else pip's default index."""
+    url = os.environ.get("PIP_INDEX_URL", "")
+    if not url:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                              capture_output=True, text=True, timeout=60)
+        url = proc.stdout.strip() if proc.returncode == 0 else ""
+    if not url:
+        from pip._internal.models.index import PyPI
+
+        url = PyPI.simple_url
+    return url.rstrip("/") + "/vllm/"
 #: facebook/opt-125m's config.json as published on the Hugging Face hub.
 OPT_125M = {
     "_name_or_path": "facebook/opt-125m", "activation_dropout": 0.0, "activation_function": "relu",
@@ -83,11 +97,12 @@ def fetch_tests(cache: Path, release: str, sdist: Path | None = None, log=print)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         if sdist is None:
             log(f"fetching the vllm {release} source distribution (tests/ only kept) ...")
-            with urllib.request.urlopen(INDEX, timeout=60) as r:
+            index = index_url()
+            with urllib.request.urlopen(index, timeout=60) as r:
                 html = r.read().decode()
             m = re.search(rf'href="([^"]*/vllm-{re.escape(release)}\.tar\.gz)#sha256=([0-9a-f]+)"', html)
             if not m:
-                raise RuntimeError(f"no source distribution of vllm {release} on {INDEX}")
+                raise RuntimeError(f"no source distribution of vllm {release} on {index}")
             sdist = Path(tmp) / f"vllm-{release}.tar.gz"
             h = hashlib.sha256()
             with urllib.request.urlopen(m.group(1), timeout=600) as r, open(sdist, "wb") as out:
