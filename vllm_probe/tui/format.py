@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from .. import envvars
+from ..analysis.doctor.context import fmt_duration
 
 #: What an unknown figure reads as.
 UNKNOWN = "-"
@@ -40,18 +41,10 @@ def signed_pct(v: float | None) -> str:
 
 
 def duration(s: float | None) -> str:
-    """Seconds as ``0.4 ms``, ``5.5 ms``, ``850 ms``, ``2.31 s``, ``1m 05s``, ``2h 03m``."""
-    if s is None:
-        return UNKNOWN
-    if s < 0.01:
-        return f"{s * 1000:.1f} ms"
-    if s < 1.0:
-        return f"{s * 1000:.0f} ms"
-    if s < 60:
-        return f"{s:.2f} s"
-    if s < 3600:
-        return f"{int(s // 60)}m {int(s % 60):02d}s"
-    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
+    """Seconds as ``0.4 ms``, ``5.5 ms``, ``850 ms``, ``2.31 s``, ``1m 05s``, ``2h 03m``: the
+    doctor's messages (part of ``--json``) write them the same way, so the analysis's
+    :func:`~vllm_probe.analysis.doctor.context.fmt_duration` is the one definition."""
+    return fmt_duration(s)
 
 
 def micros(v: float | None) -> str:
