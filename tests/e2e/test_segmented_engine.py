@@ -3,6 +3,8 @@ and every event, equals those of the same workload written in one file."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import json
 
 import pytest
@@ -51,6 +53,8 @@ def test_every_count_equals_the_unsegmented_run(quick_run, segmented_run):
     assert b.events == a.events and b.skipped == a.skipped == 0
     assert b.segment_headers == len(stream.segments) - 1
     kinds = [r.kind for r in iter_run(segmented_run, ReadStats())]
-    assert kinds == [r.kind for r in iter_run(quick_run, ReadStats())]
+    # as many events of each kind; not the same order: whether a burst's later request_added
+    # comes before or after step 0's chunk follows the arrivals' timing (design.md §6)
+    assert Counter(kinds) == Counter(r.kind for r in iter_run(quick_run, ReadStats()))
     last = [r for r in iter_run(segmented_run, ReadStats()) if r.kind == "probe_stats"][-1]
     assert last.events_written == b.events - sum(1 for k in kinds if k == "probe_stats")  # true across segments
