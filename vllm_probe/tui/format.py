@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from .. import envvars
-from ..analysis.doctor.context import fmt_duration
+from ..analysis.doctor.context import fmt_duration, fmt_figure
 
 #: What an unknown figure reads as.
 UNKNOWN = "-"
@@ -54,31 +54,14 @@ def micros(v: float | None) -> str:
     return f"{v:.0f} µs" if v < 1000 else f"{v / 1000:.2f} ms"
 
 
-def number(v: float | None) -> str:
-    """A non-integer figure: ``827.9`` from 10 on, ``2.25`` below; integers as :func:`count`."""
-    if v is None:
-        return UNKNOWN
-    if isinstance(v, int) or float(v).is_integer():
-        return count(v)
-    return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
-
-
 def figure(value: Any, unit: str = "") -> str:
     """A figure by its unit: ``%`` (share 0..1), ``s``, ``µs``, else a count or number;
-    booleans read ``on``/``off`` and strings as they are."""
-    if value is None:
-        return UNKNOWN
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, str):
-        return value
-    if unit == "%":
-        return pct(value)
-    if unit == "s":
-        return duration(value)
-    if unit == "µs":
+    booleans read ``on``/``off`` and strings as they are. All but ``µs`` are the doctor's
+    :func:`~vllm_probe.analysis.doctor.context.fmt_figure` (its messages are part of
+    ``--json``, so the analysis holds the one definition)."""
+    if unit == "µs" and value is not None and not isinstance(value, (bool, str)):
         return micros(value)
-    return number(value)
+    return fmt_figure(value, unit)
 
 
 def signed(d: float, rel: float | None, unit: str = "") -> str:
