@@ -1108,6 +1108,14 @@ def _t(name: str, unit: str, source: str) -> Threshold:
 
 MEASURED = "measured here (docs/doctor.md gives the runs)"
 
+#: The thresholds the three limit rules (kv-, seqs-, budget-bound) share: one limit per
+#: engine core is named, from the same waiting steps.
+BOUND_THRESHOLDS = (
+    Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
+    Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most"),
+)
+
+
 CATALOGUE: tuple[Rule, ...] = (
     Rule(
         "stall",
@@ -1194,8 +1202,7 @@ CATALOGUE: tuple[Rule, ...] = (
         "wait with the cache nearly full, or with blocks free that the head's prompt exceeds.",
         lambda ctx: bound_of(ctx, "kv-bound"),
         BoundEvidence,
-        (Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
-         Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most"),
+        (*BOUND_THRESHOLDS,
          Threshold("KV_FULL", KV_FULL, "share of KV blocks", SRC_SGLANG + ": token usage > 0.9 is good utilization")),
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_BLOCKS_UP, KNOB_SEQS_DOWN),
@@ -1207,8 +1214,7 @@ CATALOGUE: tuple[Rule, ...] = (
         "max_num_seqs, :129-136): requests wait with the KV cache free.",
         lambda ctx: bound_of(ctx, "seqs-bound"),
         BoundEvidence,
-        (Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
-         Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
+        BOUND_THRESHOLDS,
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_SEQS_UP,),
         arithmetic=seqs_remedy, view=view_bound, step=_bound_step),
@@ -1219,8 +1225,7 @@ CATALOGUE: tuple[Rule, ...] = (
         "busy engine.",
         lambda ctx: bound_of(ctx, "budget-bound"),
         BoundEvidence,
-        (Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
-         Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most")),
+        BOUND_THRESHOLDS,
         goal=lambda f: Goal("queue_p90", reduce_by=0.3),
         knobs=(KNOB_BUDGET_UP,),
         arithmetic=budget_remedy, view=view_bound, step=_bound_step,
