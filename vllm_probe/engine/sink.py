@@ -38,13 +38,12 @@ events are dropped and counted, vLLM keeps serving.
 from __future__ import annotations
 
 import atexit
-import gzip
 import json
 import logging
 import os
-import shutil
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterable
 from multiprocessing import util as mp_util
@@ -268,10 +267,25 @@ def segment_path(first: Path, n: int) -> Path:
     return first.with_name(f"{first.stem}.{n}{first.suffix}")
 
 
+#: Bytes read from a closed segment per zlib call. One buffer, allocated once per
+#: segment and refilled with ``readinto``: reading with ``read(n)`` (as
+#: ``shutil.copyfileobj`` into ``gzip.GzipFile`` does) allocates a fresh ``n``-byte object
+#: per call on the keeper thread, and glibc kept those freed megabytes in the thread's
+#: arena: measured with vLLM 0.32's real scheduler in-process (1 MiB segments, gzip on),
+#: the keeper's arena grew by ~10 MiB per 20,000 steps, all of it free memory, while
+#: this loop stays flat (docs/guarantees.md, "Memory").
+COMPRESS_CHUNK = 64 * 1024
+
+#: zlib's ``wbits`` for a gzip container (header and CRC-32 trailer, RFC 1952).
+_GZIP_WBITS = 16 + 15
+
+
 def compress_segment(path: Path, level: int = GZIP_LEVEL) -> Path:
     """Gzip a closed segment: ``<path>.gz.tmp`` (0600), fsynced, renamed to ``<path>.gz``,
     then ``path`` removed. Returns the ``.gz`` path.
 
+    The ``.gz`` is one gzip member (zlib's own container, readable by ``gzip.open`` and
+    ``zcat``), written :data:`COMPRESS_CHUNK` bytes at a time through one reused buffer.
     A crash part-way leaves ``path`` whole and at most a ``.gz.tmp`` (which readers
     ignore), or, between the rename and the removal, both ``path`` and a whole ``.gz``
     (readers take one of the two, :func:`vllm_probe.runs.rundir.event_streams`).
@@ -285,11 +299,14 @@ def compress_segment(path: Path, level: int = GZIP_LEVEL) -> Path:
     tmp = path.with_name(path.name + ".gz.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with open(path, "rb") as src, os.fdopen(fd, "wb") as raw:
-            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=level, mtime=0) as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-            raw.flush()
-            os.fsync(raw.fileno())
+        with open(path, "rb", buffering=0) as src, os.fdopen(fd, "wb", buffering=0) as out:
+            deflate = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS)
+            buf = bytearray(COMPRESS_CHUNK)
+            view = memoryview(buf)
+            while n := src.readinto(buf):
+                _write_all(out, deflate.compress(view[:n]))
+            _write_all(out, deflate.flush())
+            os.fsync(out.fileno())
         os.rename(tmp, gz)
     except BaseException:
         try:
@@ -299,6 +316,13 @@ def compress_segment(path: Path, level: int = GZIP_LEVEL) -> Path:
         raise
     os.unlink(path)
     return gz
+
+
+def _write_all(out: BinaryIO, data: bytes) -> None:
+    """All of ``data`` to an unbuffered file (``FileIO.write`` may write less)."""
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view):]
 
 
 class SegmentKeeper:
