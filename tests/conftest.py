@@ -86,6 +86,22 @@ def quick_run(probe_run) -> Path:
     return probe_run(*QUICK_WORKLOAD)
 
 
+#: The profile cache every test sees: none (a profile a user calibrated on this machine
+#: would change a replay's step-time model).
+NO_PROFILE_DIR = "/nonexistent/vllm-probe-test-profiles"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_cached_profiles():
+    """No cached profile for the session-, module- and class-scoped fixtures either (they
+    are set up before the function-scoped :func:`_no_probe_env`): an ``Evaluator`` made in
+    a module fixture would otherwise pick this machine's profile on its own."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLMPROBE_PROFILE_DIR", NO_PROFILE_DIR)
+    yield
+    mp.undo()
+
+
 @pytest.fixture(autouse=True)
 def _no_probe_env(monkeypatch):
     """Tests start from an environment where the probe is off."""
@@ -96,7 +112,7 @@ def _no_probe_env(monkeypatch):
     # subprocess (the compat slice, the server) loses the INFO lines it reads
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     # no step-time profile a user calibrated on this machine leaks into a test's whatif
-    monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", "/nonexistent/vllm-probe-test-profiles")
+    monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", NO_PROFILE_DIR)
 
 
 #: Marker text inside every prompt the server fixture sends (privacy tests look for it).

@@ -102,7 +102,8 @@ def test_a_remedy_whose_replay_fails_is_never_offered():
     remedies.search([f], ev)
     assert f.remedy is None and f.predicted["resolved"] is False
     # of the tie (4 and 2 both give 5), the smaller change
-    assert f.predicted["closest"] == {"settings": {"max_num_seqs": 4}, "predicted": 5.0, "met": False}
+    assert f.predicted["closest"] == {"settings": {"max_num_seqs": 4}, "predicted": 5.0, "met": False,
+                                     "outside_region": None}
     errors = [t for t in f.predicted["tried"] if "error" in t]
     assert errors and all(t["met"] is False and t["error"] == "vLLM: refused" for t in errors)
 

@@ -37,6 +37,13 @@ class EvaluateError(Exception):
     replayable); the message is one line."""
 
 
+class ProfileRefused(EvaluateError):
+    """The ``profile`` given cannot be used: unreadable, or measured on another model,
+    vLLM release or hardware than the recording without ``force`` (the message is
+    :func:`vllm_probe.sim.profile.check`'s one line). A usage error, not a run the replay
+    cannot take."""
+
+
 @dataclass
 class Evaluation:
     """One replay's outcome.
@@ -50,6 +57,8 @@ class Evaluation:
         run_dir: the simulated run directory (on the machine that ran it).
         error: why the point could not be replayed (one line); None when it was.
         replay_s: wall seconds of the replay and its summary.
+        outside_region: share (0..1) of the replay's steps outside the region the
+            step-time model was fitted on (None: not replayed, or no region known).
     """
 
     overrides: dict[str, Any]
@@ -60,6 +69,7 @@ class Evaluation:
     run_dir: str = ""
     error: str | None = None
     replay_s: float = 0.0
+    outside_region: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -89,7 +99,8 @@ def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation
     figures = measure(result.run_dir, ALL_FIGURES, summary=result.summary)
     sub = measure(result.run_dir, SUBSET_FIGURES, summary=result.summary, requests=subset) if subset else {}
     ev = Evaluation(dict(task.overrides), dict(result.settings), figures, sub, result.summary,
-                    str(result.run_dir), None, time.perf_counter() - start)
+                    str(result.run_dir), None, time.perf_counter() - start,
+                    result.replay.get("outside_region"))
     if not keep:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return ev
@@ -112,18 +123,32 @@ class Evaluator:
         requests: request ids whose per-request figures are measured apart
             (:attr:`Evaluation.figures_subset`).
         keep: keep each replay's run directory (default: only with ``out``).
+        profile: the step-time profile every replay uses (``vllm-probe calibrate``; a
+            path or a :class:`~vllm_probe.sim.profile.Profile`): its shape, the
+            recording's level; None: a matching profile from the cache when there is one
+            (a note says so), else the recording-only fit; False: never a profile
+            (:func:`vllm_probe.sim.whatif.step_time_model`).
+        force: use a profile measured on another engine (:attr:`step_time_model`'s
+            ``forced`` says so).
+
+    Attributes:
+        step_time_model: the :class:`~vllm_probe.sim.whatif.StepTimeChoice` every replay
+            uses (the model, its source, the profile's path, the forced note).
 
     Raises:
+        ProfileRefused: ``profile`` unreadable, or another engine's without ``force``.
         EvaluateError: no vLLM, no Ray with ``ray_address``, or a run the replay cannot take
             (no request or step events, a step-time model that cannot be fitted).
     """
 
     def __init__(self, run_dir: str | Path, jobs: int = 1, ray_address: str | None = None,
-                 out: str | Path | None = None, requests: Iterable[str] = (), keep: bool | None = None) -> None:
+                 out: str | Path | None = None, requests: Iterable[str] = (), keep: bool | None = None,
+                 profile: Any = None, force: bool = False) -> None:
         from ..analysis.compare import relative_errors
         from ..analysis.workload import WorkloadError, load_workload
-        from ..sim.stepmodel import fit
-        from ..sim.whatif import BASELINE_TOLERANCES, WhatifError, _notes, _summary, quiet_vllm, require_vllm
+        from ..sim.whatif import (BASELINE_TOLERANCES, WhatifError, _notes, _summary, quiet_vllm, require_vllm,
+                                  step_time_model)
+        from ..sim.whatif import ProfileRefused as Refused
 
         try:
             require_vllm()
@@ -140,14 +165,17 @@ class Evaluator:
         self.out = Path(out)
         self.keep = keep if keep is not None else self._tmp is None
         self._ray: Any = None
-        if ray_address:
-            self._ray = _connect_ray(ray_address)
         try:
             self.workload = load_workload(self.run_dir)
-            self.model = fit(self.workload)
-        except (WorkloadError, ValueError) as e:
+            self.step_time_model = step_time_model(self.run_dir, self.workload, profile, force)
+        except Refused as e:
+            raise ProfileRefused(str(e)) from None
+        except (WorkloadError, WhatifError, ValueError) as e:
             raise EvaluateError(str(e).splitlines()[0]) from None
-        self.notes = _notes(self.workload)
+        if ray_address:  # after the profile's check: a refused profile starts no cluster
+            self._ray = _connect_ray(ray_address)
+        self.model = self.step_time_model.model
+        self.notes = _notes(self.workload) + self.step_time_model.notes
         self.recorded = _summary(self.run_dir)
         self._count = 0
         self.replays = 0
@@ -232,5 +260,5 @@ def _connect_ray(address: str) -> Any:
     return ray
 
 
-__all__ = ["ALL_FIGURES", "EvaluateError", "Evaluation", "Evaluator", "SUBSET_FIGURES"]
+__all__ = ["ALL_FIGURES", "EvaluateError", "Evaluation", "Evaluator", "ProfileRefused", "SUBSET_FIGURES"]
 

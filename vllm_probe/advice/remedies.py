@@ -140,7 +140,11 @@ class Tried:
     size: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """``{"settings", "predicted", "met", "outside_region"}`` (``outside_region``: the
+        share of the replay's steps outside the step-time model's fitted region), and
+        ``"error"`` when the replay failed."""
         return {"settings": self.overrides, "predicted": self.value, "met": self.met,
+                "outside_region": self.evaluation.outside_region,
                 **({"error": self.evaluation.error} if self.evaluation.error else {})}
 
 
@@ -317,7 +321,8 @@ def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
                        "baseline": evaluator.baseline.figures.get(name), "predicted": ev.figures.get(name),
                        "unit": objective(name).unit}
     return {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": s.recorded,
-            "baseline": s.baseline, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides)}
+            "baseline": s.baseline, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides),
+            "outside_region": ev.outside_region}
 
 
 def _goal_dict(g: Goal) -> dict[str, Any]:
@@ -352,7 +357,8 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
     record: dict[str, Any] = {
         "goal": goal, "recorded": s.recorded, "baseline": s.baseline, "baseline_error": _baseline_error(evaluator),
         "tried": [t.to_dict() for t in s.tried], "complete": s.complete, "skipped": s.skipped,
-        "resolved": bool(good)}
+        "resolved": bool(good), "baseline_outside_region": evaluator.baseline.outside_region,
+        "outside_region": None}
     sign = 1.0 if objective(s.goal.figure).better == "lower" else -1.0
     shown = good[0] if good else min(
         (t for t in s.tried if t.evaluation.ok and t.value is not None),
@@ -360,6 +366,7 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
     if shown is not None:
         pred = _prediction(s, shown, evaluator)
         record["settings"] = dict(shown.overrides)
+        record["outside_region"] = shown.evaluation.outside_region
         record["run_dir"] = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
         label = s.goal.figure + (f" ({len(s.goal.requests)} requests)" if s.goal.requests else "")
         record["figures"] = {label: {"recorded": s.recorded, "predicted": shown.value, "unit": pred["unit"]},

@@ -187,7 +187,8 @@ def _out_of_range(key: str, v: Any) -> str | None:
 @dataclass
 class Point:
     """One evaluated setting: ``overrides``, its :class:`Evaluation`, whether it meets
-    every SLO, its total violation and objective value."""
+    every SLO, its total violation and objective value (``to_dict``'s ``outside_region``:
+    the share of its replay's steps outside the step-time model's fitted region)."""
 
     overrides: dict[str, Any]
     evaluation: Evaluation
@@ -198,7 +199,8 @@ class Point:
     def to_dict(self, slos: list[Slo]) -> dict[str, Any]:
         ev = self.evaluation
         summary = {name: ev.figures.get(name) for name in OBJECTIVES}
-        out: dict[str, Any] = {"settings": dict(self.overrides), "summary": summary, "meets": self.meets}
+        out: dict[str, Any] = {"settings": dict(self.overrides), "summary": summary, "meets": self.meets,
+                               "outside_region": ev.outside_region}
         if ev.error:
             out["error"] = ev.error
         return out
@@ -206,7 +208,14 @@ class Point:
 
 @dataclass
 class TuneResult:
-    """What :func:`tune` found (the ``--json`` object: :meth:`to_dict`)."""
+    """What :func:`tune` found (the ``--json`` object: :meth:`to_dict`).
+
+    ``step_time_model``: the evaluator's
+    :meth:`~vllm_probe.sim.whatif.StepTimeChoice.to_dict` (``source``: ``profile``,
+    ``cache`` or ``recording``; ``profile``: its path; ``forced``: the note when another
+    engine's profile was forced); ``baseline_outside``: the share of the baseline
+    replay's steps outside the model's fitted region (None: no region known).
+    """
 
     source: str
     slos: list[Slo]
@@ -225,6 +234,8 @@ class TuneResult:
     seconds: float = 0.0
     complete: bool = True
     notes: list[str] = field(default_factory=list)
+    step_time_model: dict[str, Any] | None = None
+    baseline_outside: float | None = None
 
     def settings_of(self, p: Point) -> dict[str, Any]:
         """Every knob's value at ``p`` (recorded where it did not change), by whatif names."""
@@ -232,14 +243,18 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"source", "slo", "knobs", "objective", "baseline", "evaluated": [{"settings",
-        "summary", "meets"}], "recommended": {"settings", "summary", "flags", "serve"} | null,
-        "closest", "search"}``; figures by :mod:`~vllm_probe.analysis.objectives` names, in
-        their units."""
+        "summary", "meets", "outside_region"}], "recommended": {"settings", "summary",
+        "flags", "serve", "outside_region"} | null, "closest", "search", "notes",
+        "step_time_model": {"source", "profile", "forced"}}``; figures by
+        :mod:`~vllm_probe.analysis.objectives` names, in their units; ``outside_region``
+        (also in ``baseline``): the share (0..1) of that replay's steps outside the region
+        the step-time model was fitted on (null: unknown)."""
         rec = None
         if self.recommended is not None:
             settings = self.settings_of(self.recommended)
             rec = {"settings": settings, "summary": self.recommended.to_dict(self.slos)["summary"],
-                   "flags": flags(self.recommended.overrides), "serve": serve_line(self.recommended.overrides)}
+                   "flags": flags(self.recommended.overrides), "serve": serve_line(self.recommended.overrides),
+                   "outside_region": self.recommended.evaluation.outside_region}
         closest = None
         if self.recommended is None and self.closest is not None:
             closest = {**self.closest.to_dict(self.slos), "would_take": self.would_take()}
@@ -249,13 +264,15 @@ class TuneResult:
             "knobs": [k.to_dict() for k in self.knobs],
             "objective": {"figure": self.objective, "direction": self.direction},
             "baseline": {"settings": {k.setting: self.recorded_settings.get(k.setting) for k in self.knobs},
-                         "recorded": self.recorded, "replayed": self.baseline, "error": self.baseline_error},
+                         "recorded": self.recorded, "replayed": self.baseline, "error": self.baseline_error,
+                         "outside_region": self.baseline_outside},
             "evaluated": [p.to_dict(self.slos) for p in self.evaluated],
             "recommended": rec,
             "closest": closest,
             "search": {"method": "batched coordinate descent", "rounds": self.rounds, "replays": self.replays,
                        "seconds": round(self.seconds, 3), "complete": self.complete},
             "notes": self.notes,
+            "step_time_model": self.step_time_model,
         }
 
     def would_take(self) -> list[str]:
@@ -344,7 +361,7 @@ def tune(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
     start = time.monotonic()
     result = TuneResult(str(evaluator.run_dir), slos, knobs, objective_name, direction, rec,
                         evaluator.recorded_figures, evaluator.baseline.figures, evaluator.error,
-                        notes=list(evaluator.notes))
+                        notes=list(evaluator.notes), **_model_fields(evaluator))
     seen: dict[tuple, Point] = {}
 
     def point(overrides: dict[str, Any], ev: Evaluation) -> Point:
@@ -406,7 +423,8 @@ def grid(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
 
     rec = recorded_settings(evaluator.workload.config)
     result = TuneResult(str(evaluator.run_dir), slos, knobs, objective_name, direction, rec,
-                        evaluator.recorded_figures, evaluator.baseline.figures, evaluator.error)
+                        evaluator.recorded_figures, evaluator.baseline.figures, evaluator.error,
+                        **_model_fields(evaluator))
     points = [dict(zip([k.setting for k in knobs], vs)) for vs in itertools.product(*(k.values for k in knobs))]
     start = time.monotonic()
     evs = evaluator.evaluate(points)
@@ -420,6 +438,13 @@ def grid(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
     else:
         result.closest = ranked[0] if ranked else None
     return result
+
+
+def _model_fields(evaluator: Evaluator) -> dict[str, Any]:
+    """:class:`TuneResult`'s ``step_time_model`` and ``baseline_outside`` from the
+    evaluator."""
+    return {"step_time_model": evaluator.step_time_model.to_dict(),
+            "baseline_outside": evaluator.baseline.outside_region}
 
 
 def _fmt(v: float | None, unit: str) -> str:

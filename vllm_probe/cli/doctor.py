@@ -1,5 +1,6 @@
 """``vllm-probe doctor [RUN_DIR] [--json] [--no-replay] [--expect FILE] [--jobs N] [--ray ADDRESS]
-[--budget S]``: what went wrong in a run, the evidence, and what to change.
+[--budget S] [--profile PROFILE.json | --no-profile] [--force]``: what went wrong in a run,
+the evidence, and what to change.
 
 The findings come from :mod:`vllm_probe.analysis.doctor` (the catalogue of rules, docs/doctor.md),
 the report from :mod:`vllm_probe.tui.doctor_view`. ``--json`` prints ``{"run_dir",
@@ -15,10 +16,15 @@ figures, what was tried; :mod:`vllm_probe.advice.remedies`).
 With vLLM installed each remedy is chosen by replaying the run through vLLM's own
 scheduler (the smallest change that reaches the finding's goal; ``--budget`` seconds of
 replays, default 60); ``--no-replay`` (or no vLLM) gives the rules' arithmetic, marked
-``"checked": false``. ``--whatif`` is an accepted alias of the default.
+``"checked": false``. ``--whatif`` is an accepted alias of the default. ``--profile``/
+``--no-profile``/``--force``: the replay's step-time model, as ``whatif``'s
+(:mod:`vllm_probe.cli.profile_args`); ``--json`` then has ``step_time_model`` (``source``:
+``profile``, ``cache`` or ``recording``; ``profile``; ``forced``) and each prediction its
+``outside_region`` (the share of its replay's steps outside the model's fitted region).
 
 Exit codes: 0 no critical finding; 3 a critical finding (so it can gate a CI job or a
-canary); 1 the run holds no readable event; 2 RUN_DIR or FILE missing, bad usage.
+canary); 1 the run holds no readable event; 2 RUN_DIR or FILE missing, bad usage, a
+profile that cannot be read or of another engine without ``--force``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import sys
 from ..analysis.doctor import examine
 from ..runs.rundir import resolve_run_dir
 from ..settings import load_expected
-from . import CliError, print_json, print_report
+from . import CliError, print_json, print_report, profile_args
 
 #: Exit code when a finding is critical.
 EXIT_CRITICAL = 3
@@ -51,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="S",
                    help="seconds of replays for the remedy search, every finding together (default 60)")
     p.add_argument("--out", metavar="DIR", help="keep the replayed run directories here")
+    profile_args.add_arguments(p)
 
 
 def vllm_available() -> bool:
@@ -66,6 +73,9 @@ def main(args: argparse.Namespace) -> int:
         raise CliError("--no-replay and --whatif contradict each other")
     if args.budget is not None and args.budget <= 0:
         raise CliError(f"--budget must be positive, got {args.budget:g}")
+    profile_args.check(args)
+    if args.no_replay and (args.profile or args.no_profile or args.force):
+        raise CliError("--profile, --no-profile and --force choose the replay's step-time model: not with --no-replay")
     expected = load_expected(args.expect) if args.expect else None
     if expected is not None and not expected.engine:
         print(f"vllm-probe: {expected.source}: no engine setting in it ([scheduler] section or engine arguments): "
@@ -104,17 +114,24 @@ def _search(report, run_dir, args) -> None:
     """Choose each finding's remedy by the replay; on a run the replay cannot take, say why
     in one line and keep the arithmetic (unchecked)."""
     from ..advice import remedies
-    from ..advice.evaluate import EvaluateError, Evaluator
+    from ..advice.evaluate import EvaluateError, Evaluator, ProfileRefused
 
     budget = args.budget if args.budget is not None else remedies.DEFAULT_BUDGET_S
     print(f"vllm-probe: choosing remedies by replaying the run through vLLM's scheduler (up to {budget:g} s of "
           "replays; --no-replay skips) …", file=sys.stderr, flush=True)
     try:
-        evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray, out=args.out)
+        evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray, out=args.out,
+                              profile=profile_args.choice(args), force=args.force)
+    except ProfileRefused as e:  # the user's choice, not the run: an error, not a fallback
+        raise profile_args.refused(e) from None
     except EvaluateError as e:
         print(f"vllm-probe: doctor: the replay cannot run ({e}); remedies are the arithmetic, unchecked",
               file=sys.stderr)
         return
+    report.step_time_model = evaluator.step_time_model.to_dict()
+    for note in evaluator.step_time_model.notes:
+        if note.startswith(("profile: using", "FORCED")):  # the cache's choice and a forced profile, said
+            print(f"vllm-probe: note: {note}", file=sys.stderr)
     try:
         searches = remedies.search(report.findings, evaluator, budget)
     finally:

@@ -1,5 +1,6 @@
 """``vllm-probe tune [RUN_DIR] --slo FIGURE<=VALUE [...] --knob NAME=LO..HI|V1,V2,... [...]
-[--maximize FIGURE | --minimize FIGURE] [--jobs N] [--ray ADDRESS] [--out DIR] [--json]``.
+[--maximize FIGURE | --minimize FIGURE] [--jobs N] [--ray ADDRESS] [--out DIR] [--json]
+[--profile PROFILE.json | --no-profile] [--force]``.
 
 Searches settings against service-level objectives by replaying the recorded run through
 vLLM's own scheduler (:mod:`vllm_probe.advice.tune`; docs/tune.md). Prints the baseline's
@@ -8,11 +9,15 @@ flags to apply and the ``vllm serve`` line; when nothing in range meets the SLOs
 closest setting and what it would take. ``--json``: one object (``source``, ``slo``,
 ``knobs``, ``baseline``, ``evaluated``, ``recommended``). ``--out DIR``: the replayed
 run directories and ``tune.json``, written under a temporary name and renamed when the
-search is complete (Ctrl-C leaves nothing half-written).
+search is complete (Ctrl-C leaves nothing half-written). ``--profile``/``--no-profile``/
+``--force``: the step-time model of every replay, as ``whatif``'s
+(:mod:`vllm_probe.cli.profile_args`); the report says which was used and the share of
+each replay's steps outside its fitted region.
 
 Exit codes: 0 a recommendation; 3 nothing in range meets the SLOs; 1 vLLM is not
 installed, or the run cannot be replayed; 2 bad usage (``--slo``/``--knob`` syntax, a
-knob value out of range or refused by vLLM); 130 interrupted.
+knob value out of range or refused by vLLM, a profile that cannot be read or of another
+engine without ``--force``); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import sys
 from pathlib import Path
 
 from ..runs.rundir import resolve_run_dir
-from . import EXIT_NO_EVENTS, CliError, path_arg, print_json, print_report
+from . import EXIT_NO_EVENTS, CliError, path_arg, print_json, print_report, profile_args
 
 #: Exit code when no setting in range meets the SLOs.
 EXIT_INFEASIBLE = 3
@@ -48,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of replays before the search stops with the best so far (default 600)")
     p.add_argument("--out", type=path_arg, metavar="DIR", help="keep the replayed runs and tune.json here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    profile_args.add_arguments(p)
 
 
 def vllm_available() -> bool:
@@ -58,7 +64,7 @@ def vllm_available() -> bool:
 
 def main(args: argparse.Namespace) -> int:
     from ..advice import tune as tuning
-    from ..advice.evaluate import EvaluateError, Evaluator
+    from ..advice.evaluate import EvaluateError, Evaluator, ProfileRefused
 
     try:
         slos, knobs = tuning.parse_all(args.slo, args.knob)
@@ -73,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     if args.budget is not None and args.budget <= 0:
         raise CliError(f"--budget must be positive, got {args.budget:g}")
+    profile_args.check(args)
     if not vllm_available():
         raise CliError("tune replays the run through vLLM's own scheduler and needs vLLM installed here "
                        "(pip install vllm)", code=EXIT_NO_EVENTS)
@@ -90,7 +97,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         try:
             evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray,
-                                  out=None if tmp is None else tmp / "replays")
+                                  out=None if tmp is None else tmp / "replays",
+                                  profile=profile_args.choice(args), force=args.force)
+        except ProfileRefused as e:
+            raise profile_args.refused(e) from None
         except EvaluateError as e:
             raise CliError(str(e), code=EXIT_NO_EVENTS) from None
         try:

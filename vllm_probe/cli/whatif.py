@@ -11,7 +11,9 @@ step-time model instead.
 
 Exit codes: 0 shown (also when the baseline is off by more than its threshold: the
 report says so); 1 vLLM is not installed, or a replay failed; 2 bad usage or input (an
-unknown or impossible setting, a run without request or step events, a bad trace).
+unknown or impossible setting, a run without request or step events, a bad trace, a
+profile that cannot be read or of another engine without ``--force``:
+:mod:`vllm_probe.cli.profile_args`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import argparse
 import sys
 
 from ..runs.rundir import resolve_run_dir
-from . import EXIT_NO_EVENTS, CliError, print_json, print_report
+from . import EXIT_NO_EVENTS, CliError, print_json, print_report, profile_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,12 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Mooncake traces 512)")
     p.add_argument("--trace-sec-multiplier", type=float, default=1.0, metavar="X",
                    help="multiplies --trace timestamps into seconds (0.001 for milliseconds)")
-    p.add_argument("--profile", metavar="PROFILE.json",
-                   help="a step-time profile (vllm-probe calibrate): its shape, the recording's level "
-                        "(default: a matching profile from the cache, else the recording-only fit)")
-    p.add_argument("--no-profile", action="store_true", help="fit the step time on the recording only")
-    p.add_argument("--force", action="store_true",
-                   help="use a --profile measured on another model, release or hardware (the report says so)")
+    profile_args.add_arguments(p)
     p.add_argument("--arrivals", default="auto", metavar="auto|open|closed:N[:THINK_MS]",
                    help="how the client sent requests: detected (auto, default), open (recorded times) or a "
                         "closed loop of N in flight (each sent when one finishes)")
@@ -63,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     from ..analysis.workload import WorkloadError
     from ..exporters.trace import TraceError
     from ..sim.engine_args import SettingError, parse_sets
-    from ..sim.whatif import WhatifError, predict, quiet_vllm, require_vllm
+    from ..sim.whatif import ProfileRefused, WhatifError, predict, quiet_vllm, require_vllm
 
     if args.trace and args.run_dir:
         raise CliError("with --trace, name the recorded run with --like, not as RUN_DIR")
@@ -73,21 +70,13 @@ def main(args: argparse.Namespace) -> int:
         raise CliError("--trace needs --like RUN_DIR: the recorded run whose settings and step-time model it uses")
     if args.jobs < 1:
         raise CliError("--jobs must be at least 1")
-    if args.profile and args.no_profile:
-        raise CliError("--profile and --no-profile exclude each other")
+    profile_args.check(args)
     from ..sim.arrivals import ArrivalsError, parse
 
     try:
         parse(args.arrivals)
     except ArrivalsError as e:
         raise CliError(str(e)) from None
-    if args.profile:
-        from ..sim.profile import ProfileError, load
-
-        try:
-            load(args.profile)
-        except ProfileError as e:
-            raise CliError(str(e)) from None
     try:
         grid = parse_sets(args.sets)
         require_vllm()
@@ -108,10 +97,11 @@ def main(args: argparse.Namespace) -> int:
         result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
                          trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,
                          step_time_scale=args.step_time_scale,
-                         profile=False if args.no_profile else args.profile, force=args.force,
-                         arrivals=args.arrivals)
+                         profile=profile_args.choice(args), force=args.force, arrivals=args.arrivals)
     except (SettingError, WorkloadError, TraceError) as e:
         raise CliError(str(e)) from None
+    except ProfileRefused as e:
+        raise profile_args.refused(e) from None
     except WhatifError as e:
         raise CliError(str(e), code=EXIT_NO_EVENTS) from None
     if args.json:

@@ -89,6 +89,53 @@ class WhatifError(Exception):
     """``whatif`` cannot run; the message is one line."""
 
 
+class ProfileRefused(WhatifError):
+    """The step-time profile cannot be used: unreadable, or measured on another model,
+    vLLM release or hardware (or dtype, parallelism) than the recording without ``force``;
+    the message is one line (:func:`vllm_probe.sim.profile.check`)."""
+
+
+#: :attr:`StepTimeChoice.source` values: a profile given by path (or object), a matching
+#: profile found in the cache (:func:`vllm_probe.sim.profile.find_cached`), or the fit on
+#: the recording alone.
+MODEL_SOURCES = ("profile", "cache", "recording")
+
+
+@dataclass
+class StepTimeChoice:
+    """The step-time model a set of replays uses and where its shape came from.
+
+    Attributes:
+        model: the :class:`~vllm_probe.sim.stepmodel.StepTimeModel` (level fitted on the
+            recording; seconds per step).
+        source: one of :data:`MODEL_SOURCES`.
+        profile: the profile's path (``"(given)"`` for a :class:`Profile` object); None
+            for the recording-only fit.
+        forced: the ``FORCED: ...`` note when a profile of another engine was used with
+            ``force``; else None.
+        notes: what the report says about it, one line each.
+    """
+
+    model: StepTimeModel
+    source: str
+    profile: str | None = None
+    forced: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"source", "profile", "forced"}``: the ``step_time_model`` object of
+        ``whatif``/``doctor``/``tune --json``."""
+        return {"source": self.source, "profile": self.profile, "forced": self.forced}
+
+    def describe(self) -> str:
+        """One phrase: ``profile P.json``, ``profile P.json from the cache`` or
+        ``fitted on the recording only``, with ``(FORCED: another engine's)``."""
+        if self.source == "recording":
+            return "fitted on the recording only"
+        text = f"profile {self.profile}" + (" from the cache" if self.source == "cache" else "")
+        return text + (" (FORCED: another engine's)" if self.forced else "")
+
+
 @dataclass
 class ConfigResult:
     """One replay.
@@ -143,6 +190,7 @@ class WhatifResult:
     profile: str | None = None
     forced: str | None = None
     drift: dict[str, Any] | None = None
+    step_time_model: StepTimeChoice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``whatif --json`` object: ``source``, ``model``, ``baseline`` (``summary``,
@@ -159,6 +207,7 @@ class WhatifResult:
             "arrivals": self.arrivals.to_dict() if self.arrivals else None,
             "profile": self.profile,
             "forced": self.forced,
+            "step_time_model": self.step_time_model.to_dict() if self.step_time_model else None,
             "drift": self.drift,
         }
 
@@ -229,7 +278,8 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     if arrival.kind == "closed":  # a closed-loop client is no offline burst
         recorded_w = _unanchored(recorded_w)
     notes = _notes(recorded_w)
-    model, prof_path, forced, prof_notes = _model(run_dir, recorded_w, profile, force)
+    choice = step_time_model(run_dir, recorded_w, profile, force)
+    model, prof_path, forced, prof_notes = choice.model, choice.profile, choice.forced, choice.notes
     notes += prof_notes
     notes.append(arrival.describe())
     speed_drift = model.quality.drift if model.quality else 0.0
@@ -289,7 +339,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
         results = results[1:]
     return WhatifResult(str(trace or run_dir), model, recorded, results[0], error, results[1:], notes,
                         like=str(run_dir) if trace is not None else None, arrivals=arrival, profile=prof_path,
-                        forced=forced, drift=drift_info)
+                        forced=forced, drift=drift_info, step_time_model=choice)
 
 
 def _drift_note(drift: float, error: dict[str, Any], without: dict[str, Any]) -> str:
@@ -317,9 +367,22 @@ def _unanchored(w: Workload) -> Workload:
     return w
 
 
-def _model(run_dir: Path, w: Workload, profile: Any, force: bool) -> tuple[Any, str | None, str | None, list[str]]:
-    """The step-time model: a profile's shape at the recording's level, or the
-    recording-only fit; with its path, the forced-mismatch note, and notes."""
+def step_time_model(run_dir: str | Path, w: Workload, profile: str | Path | Profile | bool | None = None,
+                    force: bool = False) -> StepTimeChoice:
+    """The step-time model of the replays of the run in ``run_dir`` (workload ``w``): a
+    profile's shape at the recording's level, or the recording-only fit.
+
+    Args:
+        profile: a profile's path or a :class:`~vllm_probe.sim.profile.Profile`; None: the
+            newest matching profile in the cache when there is one (a note says so), else
+            the recording-only fit; False: the recording-only fit.
+        force: use a profile measured on another engine (the choice's ``forced`` says so).
+
+    Raises:
+        ProfileRefused: the profile is unreadable or another engine's without ``force``.
+        WhatifError: the model cannot be fitted (no step with a measured period).
+    """
+    run_dir = Path(run_dir)
     notes: list[str] = []
     prof: Profile | None = None
     path: str | None = None
@@ -339,7 +402,7 @@ def _model(run_dir: Path, w: Workload, profile: Any, force: bool) -> tuple[Any, 
                                  f"{ident.hardware}, vLLM {ident.vllm}); --profile FILE picks another")
             forced = profiles.check(prof, ident, path or "", force) if prof is not None else None
         except ProfileError as e:
-            raise WhatifError(str(e)) from None
+            raise ProfileRefused(str(e)) from None
         if prof is not None:
             try:
                 model = fit_level(prof.model(path), w)
@@ -351,14 +414,14 @@ def _model(run_dir: Path, w: Workload, profile: Any, force: bool) -> tuple[Any, 
                          f"{prof.region.get('prefill_tokens', 0):,.0f} prefill tokens, "
                          f"{prof.region.get('decode_reqs', 0):,.0f} decodes); level ×{model.level:.3g} fitted on "
                          "this recording")
-            return model, path, forced, notes
+            return StepTimeChoice(model, "cache" if profile is None else "profile", path, forced, notes)
     try:
         model = fit(w)
     except ValueError as e:
         raise WhatifError(str(e)) from None
     notes.append("step-time model fitted on this recording only (no profile: vllm-probe calibrate --like RUN_DIR "
                  "measures one); predictions outside the recorded region extrapolate")
-    return model, None, None, notes
+    return StepTimeChoice(model, "recording", None, None, notes)
 
 
 def _summary(run_dir: Path) -> Summary:
@@ -500,5 +563,6 @@ def _replay_into(task: _Task, run_dir: Path) -> None:
     })
 
 
-__all__ = ["BASELINE_TOLERANCES", "ConfigResult", "SettingError", "WhatifError", "WhatifResult",
-           "WorkloadError", "predict", "require_vllm"]
+__all__ = ["BASELINE_TOLERANCES", "MODEL_SOURCES", "ConfigResult", "ProfileRefused", "SettingError",
+           "StepTimeChoice", "WhatifError", "WhatifResult", "WorkloadError", "predict", "require_vllm",
+           "step_time_model"]

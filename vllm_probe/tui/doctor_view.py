@@ -15,6 +15,7 @@ from rich.text import Text
 from ..analysis.doctor import CRITICAL, INFO, RULES, WARNING, Finding, Report
 from .charts import line, sep
 from .format import count, figure, signed_pct
+from .whatif_view import outside_line, step_time_model_line
 
 #: How each severity reads.
 SEVERITY_STYLE = {CRITICAL: "bold white on red", WARNING: "bold yellow", INFO: "bold cyan"}
@@ -94,6 +95,14 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
     return Group(head, t)
 
 
+def _outside(findings: list[Finding], replayed: dict) -> Text | None:
+    """The share of steps outside the step-time model's fitted region: the baseline
+    replay's, then each finding's shown prediction's."""
+    shares = [("baseline", replayed.get("baseline_outside_region"))]
+    shares += [(f.id, f.predicted.get("outside_region")) for f in findings if f.predicted]
+    return outside_line(shares)
+
+
 def render_report(report: Report, width: int = 120) -> RenderableType:
     """The ``vllm-probe doctor`` report: a header, then each finding worst first."""
     state = report.state
@@ -113,6 +122,9 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
     replayed = next((f.predicted for f in report.findings if f.predicted and "baseline_error" in f.predicted), None)
     if replayed is not None:
         parts.append(baseline_line(replayed["baseline_error"]))
+        for extra in (step_time_model_line(report.step_time_model), _outside(report.findings, replayed)):
+            if extra is not None:
+                parts.append(extra)
     shown = list(report.findings)
     serious = [f for f in shown if f.severity in (CRITICAL, WARNING)]
     if not serious and report.all_clear:

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from ..analysis.objectives import objective
 from .format import figure, signed_pct
+from .whatif_view import outside_line, step_time_model_line
 
 #: Evaluated settings shown (the best first); --json has them all.
 SHOWN = 20
@@ -29,6 +30,19 @@ def _fig(name: str, v: Any) -> str:
 
 def _settings(s: dict[str, Any]) -> str:
     return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in s.items()) or "recorded"
+
+
+def _outside(d: dict[str, Any]) -> Text | None:
+    """The share of steps outside the model's fitted region: the baseline's, the
+    recommended (or closest) setting's and the largest among the evaluated."""
+    pick = d.get("recommended") or d.get("closest")
+    evaluated = [p.get("outside_region") for p in d["evaluated"] if p.get("outside_region") is not None]
+    shares = [("baseline", d["baseline"].get("outside_region"))]
+    if pick is not None:
+        shares.append(("recommended" if d.get("recommended") else "closest", pick.get("outside_region")))
+    if evaluated:
+        shares.append(("largest of the evaluated", max(evaluated)))
+    return outside_line(shares)
 
 
 def render(d: dict[str, Any]) -> RenderableType:
@@ -45,6 +59,9 @@ def render(d: dict[str, Any]) -> RenderableType:
     trust = ("the replay at the recorded settings matched the run within its thresholds" if err.get("within")
              else "the replay at the recorded settings is off its thresholds: take the predicted figures as rough")
     parts.append(Text(f"baseline: {trust} ({figs})", style="dim" if err.get("within") else "yellow"))
+    model = step_time_model_line(d.get("step_time_model"))
+    if model is not None:
+        parts.append(model)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("settings")
     for name in dict.fromkeys(slo_names + [obj]):
@@ -61,6 +78,9 @@ def render(d: dict[str, Any]) -> RenderableType:
         t.add_row(_settings(p["settings"]), *[_fig(n, p["summary"].get(n)) for n in names],
                   Text("yes", style="green") if p["meets"] else Text("no", style="yellow"))
     parts.append(t)
+    outside = _outside(d)
+    if outside is not None:
+        parts.append(outside)
     s = d["search"]
     parts.append(Text(f"{s['method']}: {s['replays']} replays in {s['rounds']} rounds, {s['seconds']:.1f} s"
                       + ("" if s["complete"] else " (stopped at its time budget)"), style="dim"))

@@ -75,17 +75,44 @@ def _baseline(error: dict[str, Any], trace: bool) -> list[Any]:
     return out
 
 
+#: Above this share of a replay's steps outside the model's fitted region the line is
+#: a warning (yellow) and says those steps extrapolate.
+OUTSIDE_WARN = 0.05
+
+
+def step_time_model_line(d: dict[str, Any] | None) -> Text | None:
+    """Which step-time model the replays used, from a ``step_time_model`` object
+    (:meth:`vllm_probe.sim.whatif.StepTimeChoice.to_dict`): ``step-time model: profile
+    P.json (from the cache)``, ``… fitted on the recording only``, ``FORCED`` marked."""
+    if not d:
+        return None
+    if d.get("source") == "recording":
+        return Text("step-time model: fitted on the recording only (vllm-probe calibrate measures a profile)",
+                    style="dim")
+    text = f"step-time model: profile {d.get('profile')}" + (" (from the cache)" if d.get("source") == "cache"
+                                                             else "") + ", level fitted on the recording"
+    if d.get("forced"):
+        return Text(text + " — FORCED: another engine's profile", style="bold red")
+    return Text(text, style="dim")
+
+
+def outside_line(shares: list[tuple[str, float | None]]) -> Text | None:
+    """``steps outside the model's fitted region: baseline 0 %, [1] 12 %`` (shares 0..1
+    by replay; None when no share is known)."""
+    known = [(name, v) for name, v in shares if v is not None]
+    if not known:
+        return None
+    worst = max(v for _, v in known)
+    return Text("steps outside the model's fitted region: " + ", ".join(f"{n} {v * 100:.0f} %" for n, v in known)
+                + ("; those steps extrapolate (vllm-probe calibrate measures the whole space)"
+                   if worst > OUTSIDE_WARN else ""),
+                style="yellow" if worst > OUTSIDE_WARN else "dim")
+
+
 def _outside(result: Any) -> Text | None:
     """The share of each replay's steps outside the region the model was fitted on."""
     runs = [("baseline", result.baseline)] + [(f"[{i + 1}]", c) for i, c in enumerate(result.configs)]
-    shares = [(name, c.replay.get("outside_region")) for name, c in runs]
-    if all(v is None for _, v in shares):
-        return None
-    text = ", ".join(f"{name} {v * 100:.0f} %" for name, v in shares if v is not None)
-    worst = max(v for _, v in shares if v is not None)
-    return Text("steps outside the model's fitted region: " + text
-                + ("; those steps extrapolate (vllm-probe calibrate measures the whole space)" if worst > 0.05 else ""),
-                style="yellow" if worst > 0.05 else "dim")
+    return outside_line([(name, c.replay.get("outside_region")) for name, c in runs])
 
 
 def render(result: Any, width: int | None = None) -> Group:

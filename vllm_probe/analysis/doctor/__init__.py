@@ -60,10 +60,18 @@ class Report:
     #: every request admitted within ADMIT_WITHIN_STEPS steps, else what held them); None
     #: when a finding is above info
     all_clear: str | None = None
+    #: when the remedies were chosen by the replay: which step-time model its replays used
+    #: (``{"source": "profile" | "cache" | "recording", "profile", "forced"}``,
+    #: :meth:`vllm_probe.sim.whatif.StepTimeChoice.to_dict`); None without a replay
+    step_time_model: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """``doctor --json``: ``{"run_dir", "findings": [...]}``."""
-        return {"run_dir": self.run_dir, "findings": [f.to_dict() for f in self.findings]}
+        """``doctor --json``: ``{"run_dir", "findings": [...]}``, and ``"step_time_model"``
+        when the remedies were replayed."""
+        out: dict[str, Any] = {"run_dir": self.run_dir, "findings": [f.to_dict() for f in self.findings]}
+        if self.step_time_model is not None:
+            out["step_time_model"] = self.step_time_model
+        return out
 
     @property
     def critical(self) -> bool:
