@@ -91,3 +91,24 @@ def test_after_a_checkpoint_every_write_ends_with_probe_stats(tmp_path):
     for i, line in enumerate(lines):
         if line["event"] == "probe_stats":
             assert line["events_written"] == sum(e["event"] == "step" for e in lines[:i])
+
+
+def test_a_backlog_is_written_in_slices_of_write_batch(tmp_path, monkeypatch):
+    """A writer that fell behind drains in WRITE_BATCH slices (its transient memory is
+    that of one slice, not of the backlog), every event once and in order."""
+    from vllm_probe.engine import sink as sink_module
+
+    path = tmp_path / "events-7.jsonl"
+    sink = EventSink(path, flush_interval_s=3600)  # the writer thread never wakes on its own
+    rendered = []
+    render = sink._render
+    monkeypatch.setattr(sink, "_render", lambda items: (rendered.append(len(items)), render(items)))
+    n = 2 * sink_module.WRITE_BATCH + 17
+    for i in range(n):
+        sink.emit(STEP, 1.0 + i, 0, step_values(i))
+    sink.flush()
+    assert rendered == [sink_module.WRITE_BATCH, sink_module.WRITE_BATCH, 17]
+    sink.close()
+    lines = read_lines(path)
+    assert [e["step"] for e in lines[:-1]] == list(range(n))
+    assert lines[-1]["events_written"] == n and lines[-1]["events_dropped"] == 0
