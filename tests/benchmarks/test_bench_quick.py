@@ -65,3 +65,30 @@ def test_whatif_bench_quick_replays_at_8_running(capsys, tmp_path):
     assert row["running"] == 8 and row["steps"] == 200 and row["dropped"] == 0
     assert row["events"] >= row["steps"] and row["steps_per_cpu_s"] > 0 and row["peak_rss_mib"] > 0
     assert "steps/CPU-s" in capsys.readouterr().out
+
+
+def test_closed_loop_plan_is_seeded_within_the_tiny_model_and_its_lengths():
+    """server-closed sends the same requests in every run: lengths in range, ids below the vocabulary."""
+    from benchmarks import bench_whatif, closed_loop
+    from vllm_probe.sim.tiny_model import VOCAB_SIZE
+
+    loop = closed_loop.ClosedLoop()
+    plan = loop.plan()
+    assert plan == closed_loop.ClosedLoop().plan() and len(plan) == 96
+    assert all(64 <= len(p) <= 1200 and 16 <= m <= 200 and max(p) < VOCAB_SIZE for p, m in plan)
+    assert len({p[0] for p, _ in plan}) == len(plan)  # no two prompts share a first token
+    assert max(len(p) + m for p, m in plan) <= 2048  # --max-model-len
+    args = bench_whatif._with(list(closed_loop.ENGINE_ARGS), {"num_kv_blocks": 32, "max_num_seqs": 4},
+                              closed_loop.FLAGS)
+    assert args[args.index("--num-gpu-blocks-override") + 1] == "32" and args.count("--max-num-seqs") == 1
+    assert args[args.index("--max-num-seqs") + 1] == "4"
+
+
+@pytest.mark.parametrize("argv", [["--workloads", "nope"], ["--settings", "0"], ["--settings", "x"],
+                                  ["--requests", "0"]])
+def test_whatif_bench_refuses_bad_options(argv):
+    from benchmarks import bench_whatif
+
+    with pytest.raises(SystemExit) as e:
+        bench_whatif.main(argv)
+    assert e.value.code == 2
