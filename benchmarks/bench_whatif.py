@@ -1,6 +1,6 @@
 """How right and how fast ``vllm-probe whatif`` is: predictions against real runs, and replay speed.
 
-    python -m benchmarks.bench_whatif                   # accuracy on 6 workloads + speed (~80 min here)
+    python -m benchmarks.bench_whatif                   # accuracy on 6 workloads + speed (the first 5: ~60 min here)
     python -m benchmarks.bench_whatif --workloads light --profile P.json   # reuse a calibrated profile
     python -m benchmarks.bench_whatif --speed-only      # replay speed at 8, 32, 256 running requests
     python -m benchmarks.bench_whatif --workloads light --no-speed   # one workload's accuracy
@@ -27,7 +27,6 @@ and a real server):
   shared system prefixes (300 / 700 / 1,100 tokens), 30 % second turns, prefix caching on;
 * ``burst``: ``examples/long_prompts.py`` as ``make demo`` runs it: 16 × 1,536-token
   prompts at once (an offline ``LLM.generate``), 256 output tokens each.
-
 * ``server-closed``: vLLM's OpenAI server (``benchmarks/closed_loop.py``: the tiny model,
   budget 512, KV 64 blocks, ``max_num_seqs`` 16, prefix caching off) under a closed-loop
   client, as ``vllm bench serve --max-concurrency 8`` drives one: 8 client threads, each
@@ -107,7 +106,7 @@ WORKLOADS = {
                          "512, KV 48, seqs 16", _grid(512, 48, 16)),
     "burst": (LONG, [], "16 x 1,536-token prompts at once, 256 out; budget 1,024, KV 64 blocks, seqs 16",
               _grid(1024, 64, 16)),
-    # the args are the server's engine arguments (closed_loop.ENGINE_ARGS, filled in below)
+    # its args: the server's engine arguments, closed_loop.ENGINE_ARGS (accuracy() fills them in)
     "server-closed": (SERVER, [], "OpenAI server, closed loop: 8 client threads, 50 ms think time, 96 requests, "
                                   "prompts 64-1,200, out 16-200; budget 512, KV 64, seqs 16", _grid(512, 64, 16)),
 }
