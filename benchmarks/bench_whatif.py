@@ -32,11 +32,13 @@ and a real server):
   client, as ``vllm bench serve --max-concurrency 8`` drives one: 8 client threads, each
   sending its next completion (prompt token ids of 64–1,200 tokens, 16–200 output tokens,
   ``ignore_eos``; one seed, the same per-thread order in every run) 50 ms after its previous
-  one was answered, 96 requests (``--requests N``); the server stopped with SIGTERM after
-  the last answer. Each setting's real run is a server started at that setting with the
-  same client. :func:`~vllm_probe.sim.whatif.predict` is left to detect the closed loop
-  by itself (:mod:`vllm_probe.sim.arrivals`); the line ``arrivals: ...`` says which model
-  the replays used, and a warning follows when it is not the closed loop.
+  one was answered (``--think-ms``), 96 requests (``--requests N``); the server stopped
+  with SIGTERM after the last answer. Each setting's real run is a server started at that
+  setting with the same client. :func:`~vllm_probe.sim.whatif.predict` is left to detect
+  the closed loop by itself (:mod:`vllm_probe.sim.arrivals`); the line ``arrivals: ...``
+  says which model the replays used, and a warning follows when it is not the closed
+  loop (the detector reads the gap from the latest finish to each arrival: finishes
+  closer together than think time + the client's turn-around hide the loop).
 
 ``--settings 1,5`` keeps those of the five predictions (1-based, in the order above);
 ``--no-speed`` leaves the replay-speed part out.
@@ -120,14 +122,18 @@ FLAGS = {"max_num_batched_tokens": "--max-num-batched-tokens", "num_kv_blocks": 
          "max_num_seqs": "--max-num-seqs"}
 
 
-def _record(run_dir: Path, example: Path | None, args: list[str], requests: int | None = None) -> None:
+def _record(run_dir: Path, example: Path | None, args: list[str], requests: int | None = None,
+            think_ms: float | None = None) -> None:
     """Record one run into ``run_dir``: ``example`` with ``args`` under ``vllm-probe run``, or
     (``example`` is :data:`SERVER`) the server with engine arguments ``args`` under a
-    closed-loop client of ``requests`` requests (None: its default)."""
+    closed-loop client of ``requests`` requests and ``think_ms`` milliseconds of think time
+    (None: the client's defaults, 96 and 50)."""
     if example is SERVER:
         from benchmarks import closed_loop
 
-        loop = closed_loop.ClosedLoop() if requests is None else closed_loop.ClosedLoop(requests=requests)
+        loop = closed_loop.ClosedLoop()
+        loop.requests = loop.requests if requests is None else requests
+        loop.think_s = loop.think_s if think_ms is None else think_ms / 1e3
         try:
             r = closed_loop.record(run_dir, args, loop, run_dir.parent / f"{run_dir.name}.server.log")
         except RuntimeError as e:
@@ -177,10 +183,12 @@ def calibrated(like: Path, out: Path, max_seconds: float) -> Path:
 
 
 def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_seconds: float,
-             requests: int | None = None, settings: list[int] | None = None) -> tuple[dict, Path]:
+             requests: int | None = None, settings: list[int] | None = None,
+             think_ms: float | None = None) -> tuple[dict, Path]:
     """Record, predict (with the profile and without), measure one workload; print its
     table; return the numbers and the profile used (calibrated here when None).
-    ``requests``: the closed-loop client's request count (``server-closed`` only; None: 96);
+    ``requests``, ``think_ms``: the closed-loop client's request count and think time in
+    milliseconds (``server-closed`` only; None: 96 and 50);
     ``settings``: 1-based indexes of the grid's predictions to keep (None: all five)."""
     from vllm_probe.analysis.compare import FIGURE
     from vllm_probe.analysis.summary import summarize
@@ -196,11 +204,13 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
         args, flags = list(closed_loop.ENGINE_ARGS), closed_loop.FLAGS
         if requests is not None:
             text = text.replace("96 requests", f"{requests} requests")
+        if think_ms is not None:
+            text = text.replace("50 ms think time", f"{think_ms:g} ms think time")
     if settings is not None:
         grid = [grid[i - 1] for i in settings]
     base_dir = parent / name / "recorded"
     print(f"\n[{time.strftime('%H:%M:%S')}] {name}: {text}; load avg {os.getloadavg()[0]:.1f}", flush=True)
-    _record(base_dir, example, args, requests)
+    _record(base_dir, example, args, requests, think_ms)
     if profile is None:
         profile = calibrated(base_dir, parent / "profile.json", max_seconds)
     t = time.perf_counter()
@@ -211,7 +221,7 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
     real_dirs = []
     for overrides in grid:
         run = parent / name / ("measured-" + "-".join(f"{k}={v}" for k, v in overrides.items()))
-        _record(run, example, _with(args, overrides, flags), requests)
+        _record(run, example, _with(args, overrides, flags), requests, think_ms)
         real_dirs.append(run)
     for tag, result in (("profile", with_profile), ("recording-only", recording_only)):
         q = result.model.quality
@@ -321,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="where runs go (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--requests", type=int, help="server-closed: the closed-loop client's requests (default 96)")
+    p.add_argument("--think-ms", type=float, help="server-closed: the client's think time in ms (default 50)")
     p.add_argument("--settings", help="comma list of the predictions to keep, 1-based: 1 budget ÷ 4, 2 budget × 4, "
                                       "3 KV ÷ 2, 4 KV × 2, 5 max_num_seqs ÷ 4 (default: all)")
     p.add_argument("--no-speed", action="store_true", help="leave the replay-speed part out")
@@ -338,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--settings {args.settings!r}: comma list of 1..5")
     if args.requests is not None and args.requests < 1:
         p.error("--requests: at least 1")
+    if args.think_ms is not None and args.think_ms < 0:
+        p.error("--think-ms: 0 or more")
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its backend warnings, in every replay
     if args.speed_one:
         n, steps = (int(x) for x in args.speed_one.split(","))
@@ -354,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             profile = args.profile
             for name in names:
                 row, profile = accuracy(name, parent, args.jobs, profile, args.calibrate_seconds, args.requests,
-                                        settings)
+                                        settings, args.think_ms)
                 report["accuracy"].append(row)
         if not args.no_speed:
             report["speed"] = speed([(8, 3000), (32, 2000), (32, 8000), (256, 600)])
