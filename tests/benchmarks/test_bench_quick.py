@@ -85,7 +85,7 @@ def test_closed_loop_plan_is_seeded_within_the_tiny_model_and_its_lengths():
 
 
 @pytest.mark.parametrize("argv", [["--workloads", "nope"], ["--settings", "0"], ["--settings", "x"],
-                                  ["--requests", "0"]])
+                                  ["--requests", "0"], ["--think-ms", "-1"]])
 def test_whatif_bench_refuses_bad_options(argv):
     from benchmarks import bench_whatif
 
