@@ -1,9 +1,11 @@
 """How right and how fast ``vllm-probe whatif`` is: predictions against real runs, and replay speed.
 
-    python -m benchmarks.bench_whatif                   # accuracy on 5 workloads + speed (~60 min here)
+    python -m benchmarks.bench_whatif                   # accuracy on 6 workloads + speed (the first 5: ~60 min here)
     python -m benchmarks.bench_whatif --workloads light --profile P.json   # reuse a calibrated profile
     python -m benchmarks.bench_whatif --speed-only      # replay speed at 8, 32, 256 running requests
-    python -m benchmarks.bench_whatif --workloads timed # one workload's accuracy
+    python -m benchmarks.bench_whatif --workloads light --no-speed   # one workload's accuracy
+    python -m benchmarks.bench_whatif --workloads server-closed --requests 24 --settings 5 --no-speed
+                                                        # a smaller check: 24 requests, max_num_seqs ÷ 4 only
     python -m benchmarks.bench_whatif --quick           # checks that it runs (speed at 8, tiny)
 
 **Accuracy.** Per workload: record it on the real CPU engine (tiny model, ``vllm-probe
@@ -16,7 +18,8 @@ profile's row above the recording-only one, and the baseline's (the recorded set
 replayed) against the recording. Targets (issue 18): TTFT p50/p90 within 10 % (or 3 ms
 where TTFT is a few ms), throughput and duration within 5 %, steps within 2 %.
 Workloads (``examples/timed_arrivals.py``, ``AsyncLLM``: the server's engine, mixed
-lengths: prompts 64–1,200 tokens, outputs 16–200, Poisson arrivals):
+lengths: prompts 64–1,200 tokens, outputs 16–200, Poisson arrivals; then an offline burst
+and a real server):
 
 * ``light``: 40 requests at 4/s (below saturation on any machine here);
 * ``saturated``: 96 requests at 32/s (saturates a quiet machine too, design.md §7);
@@ -24,9 +27,21 @@ lengths: prompts 64–1,200 tokens, outputs 16–200, Poisson arrivals):
   shared system prefixes (300 / 700 / 1,100 tokens), 30 % second turns, prefix caching on;
 * ``burst``: ``examples/long_prompts.py`` as ``make demo`` runs it: 16 × 1,536-token
   prompts at once (an offline ``LLM.generate``), 256 output tokens each.
+* ``server-closed``: vLLM's OpenAI server (``benchmarks/closed_loop.py``: the tiny model,
+  budget 512, KV 64 blocks, ``max_num_seqs`` 16, prefix caching off) under a closed-loop
+  client, as ``vllm bench serve --max-concurrency 8`` drives one: 8 client threads, each
+  sending its next completion (prompt token ids of 64–1,200 tokens, 16–200 output tokens,
+  ``ignore_eos``; one seed, the same per-thread order in every run) 50 ms after its previous
+  one was answered (``--think-ms``), 96 requests (``--requests N``); the server stopped
+  with SIGTERM after the last answer. Each setting's real run is a server started at that
+  setting with the same client. :func:`~vllm_probe.sim.whatif.predict` is left to detect
+  the closed loop by itself (:mod:`vllm_probe.sim.arrivals`); the line ``arrivals: ...``
+  says which model the replays used, and a warning follows when it is not the closed
+  loop (the detector reads the gap from the latest finish to each arrival: finishes
+  closer together than think time + the client's turn-around hide the loop).
 
-A server under a closed-loop client (``vllm bench serve --max-concurrency``) is the
-remaining workload of the issue; it needs a server run of minutes and is not here yet.
+``--settings 1,5`` keeps those of the five predictions (1-based, in the order above);
+``--no-speed`` leaves the replay-speed part out.
 
 Each real run also reports how fast the machine ran during it: the median period of
 its decode-only steps against the recording's (``speed``; 1.00: as fast, 0.65: its steps
@@ -65,6 +80,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LONG = ROOT / "examples" / "long_prompts.py"
 TIMED = ROOT / "examples" / "timed_arrivals.py"
+#: The example of a workload recorded as a server under a closed-loop client
+#: (benchmarks/closed_loop.py) instead of an example script.
+SERVER = None
 
 #: The five predictions of a recording at budget B, KV blocks K and max_num_seqs S.
 def _grid(budget: int, blocks: int, seqs: int) -> list[dict]:
@@ -90,6 +108,9 @@ WORKLOADS = {
                          "512, KV 48, seqs 16", _grid(512, 48, 16)),
     "burst": (LONG, [], "16 x 1,536-token prompts at once, 256 out; budget 1,024, KV 64 blocks, seqs 16",
               _grid(1024, 64, 16)),
+    # its args: the server's engine arguments, closed_loop.ENGINE_ARGS (accuracy() fills them in)
+    "server-closed": (SERVER, [], "OpenAI server, closed loop: 8 client threads, 50 ms think time, 96 requests, "
+                                  "prompts 64-1,200, out 16-200; budget 512, KV 64, seqs 16", _grid(512, 64, 16)),
 }
 #: Scheduling figures (target: within 2 %, exact for bursts) and time figures (5 %), by
 #: the labels of vllm_probe.analysis.compare.FIGURES, with their short column names.
@@ -101,17 +122,36 @@ FLAGS = {"max_num_batched_tokens": "--max-num-batched-tokens", "num_kv_blocks": 
          "max_num_seqs": "--max-num-seqs"}
 
 
-def _record(run_dir: Path, example: Path, args: list[str]) -> None:
+def _record(run_dir: Path, example: Path | None, args: list[str], requests: int | None = None,
+            think_ms: float | None = None) -> None:
+    """Record one run into ``run_dir``: ``example`` with ``args`` under ``vllm-probe run``, or
+    (``example`` is :data:`SERVER`) the server with engine arguments ``args`` under a
+    closed-loop client of ``requests`` requests and ``think_ms`` milliseconds of think time
+    (None: the client's defaults, 96 and 50)."""
+    if example is SERVER:
+        from benchmarks import closed_loop
+
+        loop = closed_loop.ClosedLoop()
+        loop.requests = loop.requests if requests is None else requests
+        loop.think_s = loop.think_s if think_ms is None else think_ms / 1e3
+        try:
+            r = closed_loop.record(run_dir, args, loop, run_dir.parent / f"{run_dir.name}.server.log")
+        except RuntimeError as e:
+            sys.exit(f"bench_whatif: the server run {run_dir} failed: {e}")
+        print(f"  recorded {run_dir.name}: {r.ok} requests, {r.output_tokens:,} output tokens in "
+              f"{r.elapsed_s:.1f} s", flush=True)
+        return
     cmd = [sys.executable, "-m", "vllm_probe", "run", "--out", str(run_dir), "--", sys.executable, str(example), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"bench_whatif: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
 
 
-def _with(args: list[str], overrides: dict) -> list[str]:
+def _with(args: list[str], overrides: dict, flags: dict[str, str] = FLAGS) -> list[str]:
+    """``args`` with each setting of ``overrides`` set through its flag in ``flags``."""
     args = list(args)
     for key, value in overrides.items():
-        flag = FLAGS[key]
+        flag = flags[key]
         if flag in args:
             args[args.index(flag) + 1] = str(value)
         else:
@@ -142,9 +182,14 @@ def calibrated(like: Path, out: Path, max_seconds: float) -> Path:
     return out
 
 
-def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_seconds: float) -> tuple[dict, Path]:
+def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_seconds: float,
+             requests: int | None = None, settings: list[int] | None = None,
+             think_ms: float | None = None) -> tuple[dict, Path]:
     """Record, predict (with the profile and without), measure one workload; print its
-    table; return the numbers and the profile used (calibrated here when None)."""
+    table; return the numbers and the profile used (calibrated here when None).
+    ``requests``, ``think_ms``: the closed-loop client's request count and think time in
+    milliseconds (``server-closed`` only; None: 96 and 50);
+    ``settings``: 1-based indexes of the grid's predictions to keep (None: all five)."""
     from vllm_probe.analysis.compare import FIGURE
     from vllm_probe.analysis.summary import summarize
     from vllm_probe.analysis.workload import load_workload
@@ -152,9 +197,20 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
     from vllm_probe.sim.whatif import predict
 
     example, args, text, grid = WORKLOADS[name]
+    flags = FLAGS
+    if example is SERVER:
+        from benchmarks import closed_loop
+
+        args, flags = list(closed_loop.ENGINE_ARGS), closed_loop.FLAGS
+        if requests is not None:
+            text = text.replace("96 requests", f"{requests} requests")
+        if think_ms is not None:
+            text = text.replace("50 ms think time", f"{think_ms:g} ms think time")
+    if settings is not None:
+        grid = [grid[i - 1] for i in settings]
     base_dir = parent / name / "recorded"
     print(f"\n[{time.strftime('%H:%M:%S')}] {name}: {text}; load avg {os.getloadavg()[0]:.1f}", flush=True)
-    _record(base_dir, example, args)
+    _record(base_dir, example, args, requests, think_ms)
     if profile is None:
         profile = calibrated(base_dir, parent / "profile.json", max_seconds)
     t = time.perf_counter()
@@ -165,13 +221,15 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
     real_dirs = []
     for overrides in grid:
         run = parent / name / ("measured-" + "-".join(f"{k}={v}" for k, v in overrides.items()))
-        _record(run, example, _with(args, overrides))
+        _record(run, example, _with(args, overrides, flags), requests, think_ms)
         real_dirs.append(run)
     for tag, result in (("profile", with_profile), ("recording-only", recording_only)):
         q = result.model.quality
         print(f"  {tag} model: {len(result.model.terms)} terms, R² {q.r2:.2f}, per-step error median "
               f"{q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms", flush=True)
-    print(f"  predict(): {predict_s:.0f} s for 2 × 6 replays; {with_profile.arrivals.describe()}")
+    print(f"  predict(): {predict_s:.0f} s for 2 × {len(grid) + 1} replays; {with_profile.arrivals.describe()}")
+    if example is SERVER and (with_profile.arrivals is None or with_profile.arrivals.kind != "closed"):
+        print("  warning: the closed loop was not detected; the replays used the model above", flush=True)
     figures = SCHEDULING + (("prefix-hit tokens", "hits"),) + TIMING if name.startswith("prefix") else (
         SCHEDULING + TIMING)
     head = f"  {'setting':34s}" + "".join(f"{short:>10s}" for _, short in figures) + f"{'speed':>8s}{'outside':>9s}"
@@ -205,7 +263,8 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
                          "speed": ratio, "outside_region": out_share,
                          "predicted": {f: value(config.summary, f) for f, _ in figures},
                          "measured": {f: value(real, f) for f, _ in figures}})
-    return {"workload": name, "description": text, "rows": rows, "load_avg": os.getloadavg()[0],
+    arrivals = with_profile.arrivals.to_dict() if with_profile.arrivals else None
+    return {"workload": name, "description": text, "rows": rows, "load_avg": os.getloadavg()[0], "arrivals": arrivals,
             "model": with_profile.model.to_dict(), "baseline_within": with_profile.error["within"]}, profile
 
 
@@ -271,8 +330,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="predict()'s processes (default 2)")
     p.add_argument("--out", type=Path, help="where runs go (default: a temporary directory)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
+    p.add_argument("--requests", type=int, help="server-closed: the closed-loop client's requests (default 96)")
+    p.add_argument("--think-ms", type=float, help="server-closed: the client's think time in ms (default 50)")
+    p.add_argument("--settings", help="comma list of the predictions to keep, 1-based: 1 budget ÷ 4, 2 budget × 4, "
+                                      "3 KV ÷ 2, 4 KV × 2, 5 max_num_seqs ÷ 4 (default: all)")
+    p.add_argument("--no-speed", action="store_true", help="leave the replay-speed part out")
     p.add_argument("--speed-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    names = [n for n in args.workloads.split(",") if n]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        p.error(f"--workloads: unknown {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
+    try:
+        settings = [int(x) for x in args.settings.split(",")] if args.settings else None
+    except ValueError:
+        settings = [0]
+    if settings is not None and not all(1 <= i <= 5 for i in settings):
+        p.error(f"--settings {args.settings!r}: comma list of 1..5")
+    if args.requests is not None and args.requests < 1:
+        p.error("--requests: at least 1")
+    if args.think_ms is not None and args.think_ms < 0:
+        p.error("--think-ms: 0 or more")
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its backend warnings, in every replay
     if args.speed_one:
         n, steps = (int(x) for x in args.speed_one.split(","))
@@ -287,10 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-"))
             report["accuracy"] = []
             profile = args.profile
-            for name in (n for n in args.workloads.split(",") if n):
-                row, profile = accuracy(name, parent, args.jobs, profile, args.calibrate_seconds)
+            for name in names:
+                row, profile = accuracy(name, parent, args.jobs, profile, args.calibrate_seconds, args.requests,
+                                        settings, args.think_ms)
                 report["accuracy"].append(row)
-        report["speed"] = speed([(8, 3000), (32, 2000), (32, 8000), (256, 600)])
+        if not args.no_speed:
+            report["speed"] = speed([(8, 3000), (32, 2000), (32, 8000), (256, 600)])
     print(f"\nload avg at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))

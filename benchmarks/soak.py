@@ -384,6 +384,7 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's pick)."""
     import socket
 
     with socket.socket() as s:
@@ -481,7 +482,27 @@ def summary_json(run_dir: Path) -> dict[str, Any]:
 # -- the soak -----------------------------------------------------------------------------------
 
 
-def _wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float) -> str:
+def server_command(port: int, args: tuple[str, ...] | list[str] = SERVER_ARGS) -> list[str]:
+    """vLLM's OpenAI server on the tiny model (written if missing) at 127.0.0.1:``port``,
+    with engine arguments ``args`` (default :data:`SERVER_ARGS`)."""
+    from vllm_probe.sim.tiny_model import write_tiny_model
+
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(write_tiny_model()), "--host", "127.0.0.1", "--port", str(port), *args]
+
+
+def server_env() -> dict[str, str]:
+    """The environment the server and ``vllm-probe run`` start with: this checkout first on
+    ``PYTHONPATH``, vLLM's log level WARNING unless set."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's per-request log lines would fill server.log
+    return env
+
+
+def wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float) -> str:
+    """Wait until the server at ``base`` answers ``/health`` (at most ``timeout`` s);
+    return its model's name. RuntimeError when ``proc`` exits first (the end of ``log``
+    in the message) or the time runs out."""
     deadline = time.time() + timeout
     while True:
         if proc.poll() is not None:
@@ -501,8 +522,6 @@ def _wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float) ->
 def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
     """Run one soak; returns the result (also written to ``OUT/result.json``)."""
     sys.path.insert(0, str(ROOT))
-    from vllm_probe.sim.tiny_model import write_tiny_model
-
     out = Path(cfg.out) if cfg.out else Path(tempfile.mkdtemp(prefix="vllm-probe-soak-"))
     out.mkdir(parents=True, exist_ok=True)
     run_dir, archive_dir, log_path = out / "run", out / "archive", out / "server.log"
@@ -512,12 +531,10 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
     settings.write_text(json.dumps({"scheduler_probe": cfg.probe_settings()}, indent=2))
     port, mport = free_port(), free_port()
     base, metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics"
-    server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-              "--model", str(write_tiny_model()), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
+    server = server_command(port)
     cmd = [sys.executable, "-m", "vllm_probe", "run", "--settings", str(settings), "--out", str(run_dir),
            "--metrics-port", str(mport), "--", *server] if cfg.probe else server
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's per-request log lines would fill server.log
+    env = server_env()
     if not cfg.probe:
         env = {k: v for k, v in env.items() if not k.startswith("VLLMPROBE_")}
     samples: list[dict] = []
@@ -536,7 +553,7 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
         arch_thread = threading.Thread(target=archiver, daemon=True, name="soak-archive")
         try:
-            model = _wait_ready(base, proc, log_path, 600)
+            model = wait_ready(base, proc, log_path, 600)
             arch_thread.start()
             ready = time.time()
             result["startup_s"] = round(ready - t_start, 1)

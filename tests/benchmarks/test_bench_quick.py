@@ -65,3 +65,82 @@ def test_whatif_bench_quick_replays_at_8_running(capsys, tmp_path):
     assert row["running"] == 8 and row["steps"] == 200 and row["dropped"] == 0
     assert row["events"] >= row["steps"] and row["steps_per_cpu_s"] > 0 and row["peak_rss_mib"] > 0
     assert "steps/CPU-s" in capsys.readouterr().out
+
+
+def test_closed_loop_plan_is_seeded_within_the_tiny_model_and_its_lengths():
+    """server-closed sends the same requests in every run: lengths in range, ids below the vocabulary."""
+    from benchmarks import bench_whatif, closed_loop
+    from vllm_probe.sim.tiny_model import VOCAB_SIZE
+
+    loop = closed_loop.ClosedLoop()
+    plan = loop.plan()
+    assert plan == closed_loop.ClosedLoop().plan() and len(plan) == 96
+    assert all(64 <= len(p) <= 1200 and 16 <= m <= 200 and max(p) < VOCAB_SIZE for p, m in plan)
+    assert len({p[0] for p, _ in plan}) == len(plan)  # no two prompts share a first token
+    assert max(len(p) + m for p, m in plan) <= 2048  # --max-model-len
+    args = bench_whatif._with(list(closed_loop.ENGINE_ARGS), {"num_kv_blocks": 32, "max_num_seqs": 4},
+                              closed_loop.FLAGS)
+    assert args[args.index("--num-gpu-blocks-override") + 1] == "32" and args.count("--max-num-seqs") == 1
+    assert args[args.index("--max-num-seqs") + 1] == "4"
+
+
+@pytest.mark.parametrize("argv", [["--workloads", "nope"], ["--settings", "0"], ["--settings", "x"],
+                                  ["--requests", "0"], ["--think-ms", "-1"]])
+def test_whatif_bench_refuses_bad_options(argv):
+    from benchmarks import bench_whatif
+
+    with pytest.raises(SystemExit) as e:
+        bench_whatif.main(argv)
+    assert e.value.code == 2
+
+
+def test_closed_loop_client_keeps_n_in_flight_in_per_thread_order():
+    """drive() against a stand-in server (stdlib HTTP, 20 ms per answer): every request once,
+    thread k's in plan order k, k + N, ..., never more than N in flight, usage counted."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from benchmarks import closed_loop
+
+    loop = closed_loop.ClosedLoop(threads=3, requests=9, think_s=0.01, max_tokens=(16, 20))
+    plan = loop.plan()
+    seen: list[tuple[int, int]] = []  # (first token id, thread's order) as answered
+    state = {"in_flight": 0, "peak": 0}
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state["in_flight"] += 1
+                state["peak"] = max(state["peak"], state["in_flight"])
+            time.sleep(0.02)
+            with lock:
+                state["in_flight"] -= 1
+                seen.append((body["prompt"][0], body["max_tokens"]))
+            assert body["ignore_eos"] is True and body["model"] == "m"
+            out = json.dumps({"usage": {"prompt_tokens": len(body["prompt"]),
+                                        "completion_tokens": body["max_tokens"]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = closed_loop.drive(f"http://127.0.0.1:{server.server_address[1]}", "m", loop)
+    finally:
+        server.shutdown()
+    assert (r.ok, r.failed) == (9, 0) and r.output_tokens == sum(m for _, m in plan)
+    assert r.prompt_tokens == sum(len(p) for p, _ in plan) and state["peak"] <= 3
+    order = [p[0] for p, _ in plan]
+    answered = [first for first, _ in seen]
+    assert sorted(answered) == sorted(order)
+    for k in range(3):  # each thread's requests answered in its plan order
+        mine = order[k::3]
+        assert [a for a in answered if a in mine] == mine
