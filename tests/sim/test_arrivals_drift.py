@@ -101,3 +101,20 @@ def test_drift_factor_is_recovered_and_replayed(tmp_path):
     with_drift = abs(r.error["figures"]["TTFT p90"]["error"])
     constant = abs(r.drift["constant_speed_error"]["figures"]["TTFT p90"]["error"])
     assert with_drift < constant, (with_drift, constant)
+
+
+def test_a_closed_loop_whose_think_time_outlasts_the_spacing_of_finishes_is_detected(tmp_path):
+    """8 clients whose think time is longer than the time between two finishes: the latest
+    finish before a request is mostly another client's, so only pairing finish i with
+    request i + N finds the loop (a real server run with 8 threads thinking 80 ms, finishes
+    64 ms apart, read as open loop before)."""
+    from vllm_probe.sim.arrivals import _measure, detect
+
+    from vllm_probe.analysis.workload import load_workload
+
+    w = load_workload(closed_run(tmp_path, n_flight=8, think=0.05, n=96))
+    n, negative, gaps, spacing, _ = _measure(w)
+    assert spacing < 0.05 / 2, spacing  # two finishes or more during one think time
+    a = detect(w)
+    assert (a.kind, a.concurrency) == ("closed", 8), a.describe()
+    assert a.think_s == pytest.approx(0.05, abs=0.002) and negative == 0

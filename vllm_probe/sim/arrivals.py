@@ -10,17 +10,29 @@ fixed times gave TTFT p90 5.94 s against 1.20 s recorded). The replay
 ``N`` requests as recorded and each later one ``think_s`` after a request finishes.
 
 **Detection** (:func:`detect`), from the recorded front-end stamps (``arrival_ts``) and
-finish times (``finish_ts``) of the requests after the first ``N``:
+finish times (``finish_ts``). In a closed loop of ``N`` clients every finish sends one
+request, so, with the finishes in time order, request ``i + N`` (in arrival order) is the
+one finish ``i`` sent: its gap ``arrival[i + N] - finish[i]`` is the client's think time
+plus its turnaround, the same for every ``i``, never negative. Pairing by order, not by
+"the latest earlier finish", holds when finishes come closer together than the think
+time (8 clients thinking 80 ms with finishes 64 ms apart: the latest earlier finish is
+mostly another client's). For each candidate ``N`` (the in-flight counts seen at
+arrivals, itself included, and one above the largest) the gaps are measured; the ``N``
+whose gaps agree best is taken, and the run is a closed loop when
 
-* *in flight*: at each arrival, the requests already sent and not finished, itself
-  included; a closed loop keeps it at ``N`` (:data:`STEADY_SHARE` of arrivals or more
-  at the most common count, ``N ≥ 2`` or a serial client with ``N = 1``);
-* *right after a completion*: the gap from the latest earlier finish to the arrival is
-  the same for :data:`AFTER_FINISH_SHARE` of arrivals or more: within ±25 % + 0.5 ms
-  (:data:`GAP_SHARE`, :data:`GAP_SLACK_S`) of the median gap — the client's think time.
-  An open-loop client lands anywhere between finishes (for uniform arrivals between
-  finishes spaced ``S`` apart, 25 % + 0.5 ms / ``S`` of the gaps fall in that window);
-* at least :data:`MIN_REQUESTS` requests after the first ``N``.
+* :data:`AFTER_FINISH_SHARE` of those gaps or more are the same gap: within ±25 % of
+  their median and of the median time between finishes, plus 0.5 ms (:data:`GAP_SHARE`,
+  :data:`GAP_SLACK_S`). An open-loop client's arrivals fall anywhere between finishes:
+  paired this way, a steady open-loop run's gaps wander by the spacing of its arrivals
+  (Poisson at 40/s, finishes 14 ms apart: a window of ±25 % of the median gap, 39 ms,
+  held 80 % of them; ±25 % of the spacing does not);
+* at most :data:`NEGATIVE_SHARE` of them are negative (a request sent before the finish
+  that would have sent it: not caused by it);
+* at least :data:`MIN_REQUESTS` requests come after the first ``N``.
+
+The last ``N`` gaps are left out when enough remain: a client winding down (a thread that
+sent its last request) leaves finishes that send nothing, after which pairing by order
+is off by one each.
 
 The think time is the median of those gaps (0 or more). ``--arrivals closed:N`` or
 ``open`` declares the model instead (:func:`parse`).
@@ -35,10 +47,14 @@ from typing import Any
 
 from ..analysis.workload import Workload
 
-#: Share of arrivals at the most common in-flight count for a steady concurrency (70 %).
-STEADY_SHARE = 0.7
-#: Share of arrivals right after a completion for a closed loop (80 %).
+#: Share of the paired gaps (finish i -> request i + N) that are the same gap, for a closed
+#: loop (80 %).
 AFTER_FINISH_SHARE = 0.8
+#: Most paired gaps that may be negative (a few ms of clock skew between the front end's
+#: stamp and the engine core's finish, 5 %).
+NEGATIVE_SHARE = 0.05
+#: Most candidate concurrencies tried (the in-flight counts seen at arrivals).
+MAX_CANDIDATES = 64
 #: "The same gap": within this share of the median gap, plus :data:`GAP_SLACK_S`.
 GAP_SHARE = 0.25
 GAP_SLACK_S = 0.5e-3
@@ -116,8 +132,9 @@ def parse(text: str | None) -> Arrivals | None:
 
 
 def _measure(w: Workload) -> tuple[int, float, list[float], float, int] | None:
-    """``(N, steady share, gaps of the requests after the first N, median time between
-    finishes, requests after the first N)``, or None without enough requests."""
+    """``(N, share of negative gaps, the gaps finish i -> request i + N, median time
+    between finishes, requests after the first N)`` for the ``N`` whose gaps agree best,
+    or None without enough requests."""
     import bisect
 
     reqs = sorted((r for r in w.requests if r.arrival_ts is not None), key=lambda r: (r.stamp, r.order))
@@ -126,16 +143,27 @@ def _measure(w: Workload) -> tuple[int, float, list[float], float, int] | None:
         return None
     stamps = [r.stamp for r in reqs]
     # in flight when r arrived, itself included: sent by then, less finished by then
-    counts = [bisect.bisect_right(stamps, t) - bisect.bisect_right(finishes, t) for t in stamps]
-    n, at_n = Counter(counts).most_common(1)[0]
-    later = stamps[n:]
+    counts = Counter(bisect.bisect_right(stamps, t) - bisect.bisect_right(finishes, t) for t in stamps)
+    candidates = sorted({n for n in counts if n >= 1} | {max(counts) + 1})
+    candidates = sorted(candidates, key=lambda n: -counts.get(n, 0))[:MAX_CANDIDATES]
     spacing = statistics.median(b - a for a, b in zip(finishes, finishes[1:]))
-    gaps = []
-    for t in later:
-        k = bisect.bisect_right(finishes, t + 1e-3)
-        if k:
-            gaps.append(max(t - finishes[k - 1], 0.0))
-    return n, at_n / len(counts), gaps, spacing, len(later)
+    best: tuple[float, int, list[float]] | None = None
+    for n in candidates:
+        gaps = [a - f for a, f in zip(stamps[n:], finishes)]
+        # the wind-down: a client that sent its last request leaves finishes that send
+        # nothing, and pairing by order shifts after each; the last N are left out
+        if len(gaps) - n >= MIN_REQUESTS:
+            gaps = gaps[:len(gaps) - n]
+        if len(gaps) < MIN_REQUESTS:
+            continue
+        agree = len(_same_gap(gaps, spacing)) / len(gaps)
+        if best is None or agree > best[0]:
+            best = (agree, n, gaps)
+    if best is None:
+        return None
+    _, n, gaps = best
+    negative = sum(g < -GAP_SLACK_S for g in gaps) / len(gaps)
+    return n, negative, gaps, spacing, len(stamps) - n
 
 
 def detect(w: Workload) -> Arrivals:
@@ -147,26 +175,35 @@ def detect(w: Workload) -> Arrivals:
     m = _measure(w)
     if m is None or m[4] < MIN_REQUESTS:
         return fallback
-    n, steady, gaps, spacing, later = m
-    close = _same_gap(gaps)
-    after = len(close) / later
-    med = statistics.median(gaps) if gaps else 0.0
-    window = (GAP_SHARE * med + GAP_SLACK_S) * 1e3
-    evidence = (f"{after * 100:.0f} % of requests arrived {med * 1e3:.1f} ± {window:.1f} "
-                f"ms after a finish (finishes {spacing * 1e3:.1f} ms apart), {steady * 100:.0f} % with {n} in flight")
-    if steady >= STEADY_SHARE and after >= AFTER_FINISH_SHARE:
+    n, negative, gaps, spacing, later = m
+    close = _same_gap(gaps, spacing)
+    after = len(close) / len(gaps)
+    med = max(statistics.median(gaps), 0.0) if gaps else 0.0
+    window = _window(med, spacing) * 1e3
+    evidence = (f"with {n} in flight, {after * 100:.0f} % of requests arrived {med * 1e3:.1f} ± {window:.1f} ms "
+                f"after the finish that sent them, {negative * 100:.0f} % before it (finishes "
+                f"{spacing * 1e3:.1f} ms apart)")
+    if after >= AFTER_FINISH_SHARE and negative <= NEGATIVE_SHARE:
         return Arrivals("closed", n, float(statistics.median(close)) if close else 0.0, evidence=evidence)
     if fallback.kind == "open":
         fallback.evidence = evidence
     return fallback
 
 
-def _same_gap(gaps: list[float]) -> list[float]:
-    """The gaps within ±:data:`GAP_SHARE` of their median, plus :data:`GAP_SLACK_S`."""
+def _window(med: float, spacing: float) -> float:
+    """Half-width (s) of "the same gap" around a median gap ``med`` (s) with finishes
+    ``spacing`` s apart."""
+    return min(GAP_SHARE * med, GAP_SHARE * spacing) + GAP_SLACK_S
+
+
+def _same_gap(gaps: list[float], spacing: float) -> list[float]:
+    """The gaps within :func:`_window` of their median (taken as 0 when negative): a
+    request sent before its finish is never the same gap as one sent after it."""
     if not gaps:
         return []
-    med = statistics.median(gaps)
-    return [g for g in gaps if abs(g - med) <= GAP_SHARE * med + GAP_SLACK_S]
+    med = max(statistics.median(gaps), 0.0)
+    w = _window(med, spacing)
+    return [g for g in gaps if abs(g - med) <= w]
 
 
 def resolve(w: Workload, declared: Arrivals | None) -> Arrivals:
@@ -176,7 +213,7 @@ def resolve(w: Workload, declared: Arrivals | None) -> Arrivals:
         return detect(w)
     if declared.kind == "closed" and declared.think_s is None:
         m = _measure(w)
-        close = _same_gap(m[2]) if m is not None else []
+        close = _same_gap(m[2], m[3]) if m is not None else []
         declared.think_s = float(statistics.median(close)) if close else 0.0
     return declared
 
