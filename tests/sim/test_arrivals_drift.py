@@ -113,7 +113,7 @@ def test_a_closed_loop_whose_think_time_outlasts_the_spacing_of_finishes_is_dete
     from vllm_probe.analysis.workload import load_workload
 
     w = load_workload(closed_run(tmp_path, n_flight=8, think=0.05, n=96))
-    n, negative, gaps, spacing, _ = _measure(w)
+    _, negative, _, spacing, _ = _measure(w)
     assert spacing < 0.05 / 2, spacing  # two finishes or more during one think time
     a = detect(w)
     assert (a.kind, a.concurrency) == ("closed", 8), a.describe()
