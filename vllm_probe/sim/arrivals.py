@@ -175,7 +175,7 @@ def detect(w: Workload) -> Arrivals:
     m = _measure(w)
     if m is None or m[4] < MIN_REQUESTS:
         return fallback
-    n, negative, gaps, spacing, later = m
+    n, negative, gaps, spacing, _ = m
     close = _same_gap(gaps, spacing)
     after = len(close) / len(gaps)
     med = max(statistics.median(gaps), 0.0) if gaps else 0.0
