@@ -151,6 +151,7 @@ def serve_under_probe(base: Path, stop, new_session: bool = False, in_flight: bo
     import types
     import urllib.request
 
+    from benchmarks.soak import wait_ready  # the soak starts the same server
     from vllm_probe.sim.tiny_model import write_tiny_model
 
     run_dir, log_path = base / "run", base / "server.log"
@@ -169,18 +170,7 @@ def serve_under_probe(base: Path, stop, new_session: bool = False, in_flight: bo
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 start_new_session=new_session, env=env)
         try:
-            deadline = time.time() + 300
-            while True:
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.time() < deadline, "server did not become ready"
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.5)
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
-                model = json.load(r)["data"][0]["id"]
+            model = wait_ready(url, proc, log_path, 300)
             statuses, responses = [], []
             for i in range(SERVER_REQUESTS):
                 body = json.dumps({

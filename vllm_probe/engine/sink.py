@@ -326,7 +326,7 @@ def compress_segment(path: Path, level: int = GZIP_LEVEL) -> Path:
     return gz
 
 
-def _write_all(out: BinaryIO, data: bytes) -> None:
+def _write_all(out: BinaryIO, data: bytes | memoryview) -> None:
     """All of ``data`` to an unbuffered file (``FileIO.write`` may write less)."""
     view = memoryview(data)
     while view:
@@ -698,9 +698,7 @@ class EventSink:
                 raise ValueError("I/O operation on closed file")
             if os.fstat(file.fileno()).st_nlink == 0:
                 raise OSError(f"{self.segment_path} was deleted")
-            view = memoryview(data)
-            while view:  # FileIO.write may write less than asked
-                view = view[file.write(view):]
+            _write_all(file, data)
             self.written += counted
             self._seg_bytes += len(data)
             self._seg_lines += n_lines
