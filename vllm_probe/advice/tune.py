@@ -43,8 +43,8 @@ FLOAT_STEPS = 5
 MAX_VALUES = 32
 #: Default time budget of a search (s of replays).
 DEFAULT_BUDGET_S = 600.0
-#: Time units of SLO values, in seconds.
-TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+#: Time units of SLO values: how many make one second (a value is divided by it).
+TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}
 
 
 class TuneError(ValueError):
@@ -112,7 +112,7 @@ def parse_slo(text: str) -> Slo:
         raise TuneError(f"--slo {text!r}: the value must be finite")
     if unit:
         if o.unit == "s" and unit in TIME_UNITS:
-            value *= TIME_UNITS[unit]
+            value /= TIME_UNITS[unit]  # 18 / 1e3 is 0.018; 18 * 1e-3 is 0.018000000000000002
         elif unit != o.unit:
             raise TuneError(f"--slo {text!r}: {name} is in {o.unit}, not {unit}")
     return Slo(name, op, value)
