@@ -89,6 +89,28 @@ def test_several_knobs_reach_the_goal_ranked_by_the_size_of_the_change():
     assert alt["predicted"]["predicted"] == 1.0
 
 
+def test_a_goal_is_reached_against_the_recording_too_when_the_replay_reads_higher():
+    """The replay at the recorded settings reads 40 preemptions where 20 were recorded: seqs
+    12 (4 preemptions) is 90 % below the replay but not below the recording (≤ 2 needed);
+    the remedy is seqs 8 (2), and 12 is listed as tried, not met (stop 22: a head-of-line
+    remedy passed against a baseline replay 2× the recording and missed for real)."""
+    ev = FakeEvaluator(lambda p: {16: 40, 12: 4}.get(settings(p, "max_num_seqs", 16), 2)
+                       if "num_kv_blocks" not in p else 40)
+    f = storm()
+    remedies.search([f], ev)
+    assert (f.remedy.setting, f.remedy.value) == ("max_num_seqs", 8)
+    assert (f.predicted["recorded"], f.predicted["baseline"]) == (20.0, 40.0)
+    met = {t["settings"].get("max_num_seqs"): t["met"] for t in f.predicted["tried"] if "max_num_seqs" in t["settings"]}
+    assert met == {12: False, 8: True}
+
+
+def test_the_reference_is_the_lower_of_baseline_and_recorded():
+    assert remedies.reference(0.687, 0.323) == 0.323
+    assert remedies.reference(0.3, 0.4) == 0.3
+    assert remedies.reference(None, 0.4) == 0.4 and remedies.reference(0.3, None) == 0.3
+    assert remedies.reference(None, None) is None
+
+
 def test_a_remedy_whose_replay_fails_is_never_offered():
     """The replay of every block count fails (vLLM refuses it) and max_num_seqs never gets
     below 10 % of the preemptions: no remedy; the closest is named and every try listed
