@@ -228,3 +228,69 @@ def test_the_held_slot_remedy_is_replayed_with_async_scheduling_off(tmp_path):
     assert [(t["settings"], t["predicted"], t["met"]) for t in f.predicted["tried"]] == [
         ({"async_scheduling": False}, 0.0, True), ({"max_num_seqs": 6}, 19.0, False),
         ({"max_num_seqs": 8}, 14.0, False), ({"max_num_seqs": 12}, 9.0, False), ({"max_num_seqs": 16}, 7.0, False)]
+
+
+class TimedEvaluator(FakeEvaluator):
+    """A FakeEvaluator whose figure is queue p90 (s) and whose replays price ``outside(p)``
+    of their steps outside the step-time model's fitted region."""
+
+    def __init__(self, figure, outside):
+        self.outside = outside
+        super().__init__(figure)
+        self.recorded_figures = {"queue_p90": 0.142}
+
+    def _one(self, p):
+        return Evaluation(dict(p), figures={"queue_p90": self.figure(p), "itl_p90": 0.01},
+                          outside_region=self.outside(p))
+
+
+def _seqs_up_rule():
+    from vllm_probe.analysis.doctor.rule import Goal, Knob, Rule
+
+    return Rule("seqs-bound", "", lambda ctx: [], goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+                knobs=(Knob("max_num_seqs", "up", lambda s, f: [24, 32, 48, 64]),))
+
+
+# held-slots on a quiet machine (bench_remedies, 2026-12-02): the replay's queue p90 per max_num_seqs
+HELD_SLOTS_QUEUE = {16: 0.1354, 24: 0.1204, 32: 0.1111, 48: 0.0980, 64: 0.0875}
+
+
+def test_a_time_goal_reached_only_outside_the_fitted_region_is_not_a_remedy(monkeypatch):
+    """max_num_seqs 64 is the only value the replay says takes 30 % off queue p90 (0.0875 ≤
+    0.7 × 0.1354), but 33 % of its steps lie outside the model's fitted region (the baseline:
+    0 %): not the remedy; the finding gets none and names 64 as extrapolated. Run for real,
+    64 made queue p90 worse (0.142 → 0.160 s)."""
+    monkeypatch.setattr(remedies, "rule_for", lambda fid: _seqs_up_rule())
+    ev = TimedEvaluator(lambda p: HELD_SLOTS_QUEUE[p.get("max_num_seqs", 16)],
+                        lambda p: {48: 0.36, 64: 1 / 3}.get(p.get("max_num_seqs", 16), 0.0))
+    f = Finding("seqs-bound", "warning", "", {})
+    remedies.search([f], ev)
+    assert f.remedy is None and f.predicted["resolved"] is False
+    assert [(t["settings"]["max_num_seqs"], t["met"], t.get("extrapolated", False)) for t in f.predicted["tried"]] == [
+        (24, False, False), (32, False, False), (48, None, True), (64, None, True)]
+    assert [t["settings"] for t in f.predicted["extrapolated"]] == [{"max_num_seqs": 64}]
+    from vllm_probe.tui.doctor_view import unmet_goal_text
+
+    assert unmet_goal_text(f.predicted).startswith("not checked: the replay reaches queue_p90's goal only at "
+                                                   "max_num_seqs=64, with up to 33 % of its steps outside")
+
+
+def test_inside_the_fitted_region_the_same_replay_is_the_remedy(monkeypatch):
+    """The same figures with every replay inside the region (or only 5 points beyond the
+    baseline's share): 64 is the remedy."""
+    monkeypatch.setattr(remedies, "rule_for", lambda fid: _seqs_up_rule())
+    ev = TimedEvaluator(lambda p: HELD_SLOTS_QUEUE[p.get("max_num_seqs", 16)],
+                        lambda p: 0.30 if p.get("max_num_seqs", 16) == 64 else 0.25)
+    f = Finding("seqs-bound", "warning", "", {})
+    remedies.search([f], ev)
+    assert (f.remedy.setting, f.remedy.value, f.remedy.checked) == ("max_num_seqs", 64, True)
+    assert "extrapolated" not in f.predicted
+
+
+def test_counts_are_judged_whatever_the_region():
+    """Preemptions and held-slot steps do not depend on the step time: never extrapolated."""
+    assert remedies.extrapolated("preemptions", 0.9, 0.0) is False
+    assert remedies.extrapolated("held_slot_steps", 0.9, 0.0) is False
+    assert remedies.extrapolated("ttft_p90", 0.9, 0.0) is True
+    assert remedies.extrapolated("ttft_p90", 0.30, 0.25) is False
+    assert remedies.extrapolated("ttft_p90", None, 0.0) is False

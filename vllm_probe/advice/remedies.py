@@ -26,7 +26,10 @@ relative change (``|log(new / recorded)|``; 1 for a setting that is not a number
 the best inter-token p90. Each comes with its predicted effect on the goal figure and on
 the trade-offs (:data:`TRADEOFFS`). A change the replay says does not reach the goal is
 never the remedy: a finding none reaches gets no remedy, and ``predicted`` lists what
-was tried and the closest.
+was tried and the closest. Nor is a change whose goal figure is in seconds and whose
+replay priced its steps mostly outside the step-time model's fitted region
+(:func:`extrapolated`): the search goes on past it, and when nothing else reaches the
+goal ``predicted["extrapolated"]`` names it.
 
 Goals with ``reduce_by`` are judged against the lower of the baseline replay (the run
 replayed at its recorded settings, by the same model) and the recorded figure
@@ -66,6 +69,14 @@ MAX_BUDGET_FACTOR = 8
 PAIR_DEPTH = 3
 #: Figures reported as trade-offs beside the goal's (objectives names).
 TRADEOFFS = ("itl_p90", "output_tokens_per_s", "ttft_p90", "num_kv_blocks", "preemptions")
+#: A goal in seconds (or tokens/s) is not judged on a replay that prices this much larger a
+#: share of its steps outside the step-time model's fitted region than the baseline replay
+#: (:attr:`vllm_probe.sim.stepmodel.StepTimeModel.outside_share`): such a figure is an
+#: extrapolation. Measured: held-slots at max_num_seqs 64 priced 33 % of its steps outside
+#: the profile's region (4,096-token prefills, fitted up to 2,047), predicted queue p90
+#: 0.135 → 0.088 s, and measured 0.142 → 0.160 s for real (docs/tune.md); part 13 measured
+#: 16-143 % errors where a setting creates steps the recording never had.
+EXTRAPOLATION_MAX = 0.10
 #: Settings that size the token budget (bounded by MAX_BUDGET_FACTOR).
 _BUDGETS = ("max_num_batched_tokens", "max_num_scheduled_tokens")
 
@@ -133,20 +144,26 @@ def allowed(setting: str, value: Any, recorded: dict[str, Any], config: dict[str
 @dataclass
 class Tried:
     """One replayed change: ``overrides``, the goal figure predicted, whether it reached the
-    goal, the :class:`Evaluation`."""
+    goal (None: unknown, no figure, or ``extrapolated``), the :class:`Evaluation`;
+    ``extrapolated``: the figure is in seconds and the replay priced more than
+    :data:`EXTRAPOLATION_MAX` more of its steps outside the step-time model's fitted region
+    than the baseline did, so the search does not take it as reaching the goal."""
 
     overrides: dict[str, Any]
     value: float | None
     met: bool | None
     evaluation: Evaluation
     size: float = 0.0
+    extrapolated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """``{"settings", "predicted", "met", "outside_region"}`` (``outside_region``: the
-        share of the replay's steps outside the step-time model's fitted region), and
+        share of the replay's steps outside the step-time model's fitted region), with
+        ``"extrapolated": true`` when that share kept the point from being judged, and
         ``"error"`` when the replay failed."""
         return {"settings": self.overrides, "predicted": self.value, "met": self.met,
                 "outside_region": self.evaluation.outside_region,
+                **({"extrapolated": True} if self.extrapolated else {}),
                 **({"error": self.evaluation.error} if self.evaluation.error else {})}
 
 
@@ -270,12 +287,25 @@ def _met(s: Search, value: float | None) -> bool | None:
     return s.goal.met(reference(s.baseline, s.recorded), value)
 
 
+def extrapolated(figure: str, outside: float | None, baseline_outside: float | None) -> bool:
+    """Whether a replay's ``figure`` is an extrapolation of the step-time model: a figure in
+    seconds or tokens/s (counts of steps, preemptions and tokens do not depend on the step
+    time) from a replay with more than :data:`EXTRAPOLATION_MAX` more of its steps
+    (``outside``, 0..1) outside the fitted region than the baseline replay
+    (``baseline_outside``)."""
+    if outside is None or objective(figure).unit not in ("s", "tokens/s"):
+        return False
+    return outside - (baseline_outside or 0.0) > EXTRAPOLATION_MAX
+
+
 def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded: dict[str, Any]) -> list[Tried]:
     evs = evaluator.evaluate(points, requests=s.goal.requests)
     out = []
     for p, ev in zip(points, evs):
         value = _figure(ev, s.goal) if ev.ok else None
-        t = Tried(dict(p), value, _met(s, value) if ev.ok else False, ev, _size(p, recorded))
+        far = ev.ok and extrapolated(s.goal.figure, ev.outside_region, evaluator.baseline.outside_region)
+        met = (None if far else _met(s, value)) if ev.ok else False
+        t = Tried(dict(p), value, met, ev, _size(p, recorded), far)
         out.append(t)
         s.tried.append(t)
     return out
@@ -390,6 +420,9 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
                                 for k, v in pred["tradeoffs"].items()}}
     if not good:
         record["closest"] = shown.to_dict() if shown else None
+        far = [t.to_dict() for t in s.tried if t.extrapolated and t.value is not None and _met(s, t.value)]
+        if far:  # the replay says they would reach it, priced outside what the model was fitted on
+            record["extrapolated"] = far
         f.remedy = None
         f.predicted = record
         return
@@ -453,5 +486,5 @@ def unchecked(findings: list[Finding]) -> None:
             f.remedy = _unchecked(f.remedy)
 
 
-__all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
-           "reference", "rule_for", "search", "unchecked"]
+__all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "EXTRAPOLATION_MAX", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
+           "extrapolated", "reference", "rule_for", "search", "unchecked"]

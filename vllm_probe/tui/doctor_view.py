@@ -35,6 +35,13 @@ def unmet_goal_text(p: dict) -> str:
     """Why a replayed remedy falls short of its finding's goal (``predicted["goal"]``)."""
     goal = p.get("goal") or {}
     name, target = goal.get("figure", ""), goal.get("target")
+    far = p.get("extrapolated")
+    if far:
+        shown = ", ".join(",".join(f"{k}={v}" for k, v in t["settings"].items()) for t in far)
+        worst = max(t.get("outside_region") or 0.0 for t in far)
+        return (f"not checked: the replay reaches {name}'s goal only at {shown}, with up to "
+                f"{worst * 100:.0f} % of its steps outside the step-time model's fitted region "
+                "(its seconds there are a guess: docs/whatif.md, the step-time model's region)")
     if target == "lower":
         return f"the replay says it does not help: {name} does not go down"
     if name == "preemptions":
