@@ -20,7 +20,9 @@ class FakeEvaluator:
     def __init__(self, figure, config=None):
         self.figure = figure
         self.workload = SimpleNamespace(config=config or {"max_num_seqs": 16, "num_kv_blocks": 40,
-                                                          "max_num_batched_tokens": 256})
+                                                          "max_num_batched_tokens": 256},
+                                        requests=[], preempts=[], last_step=-1)
+        self.stretch = None
         self.run_dir = "/nonexistent"
         self.requests = ()
         self.keep = False

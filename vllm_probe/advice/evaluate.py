@@ -21,6 +21,7 @@ each). Ray tasks need ``vllm_probe`` and vLLM importable on the cluster's worker
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import multiprocessing
 import tempfile
 import time
@@ -59,6 +60,8 @@ class Evaluation:
         replay_s: wall seconds of the replay and its summary.
         outside_region: share (0..1) of the replay's steps outside the region the
             step-time model was fitted on (None: not replayed, or no region known).
+        virtual_s: the replay's simulated seconds, from the workload's first arrival to
+            the end of its last step (None: not replayed).
     """
 
     overrides: dict[str, Any]
@@ -70,6 +73,7 @@ class Evaluation:
     error: str | None = None
     replay_s: float = 0.0
     outside_region: float | None = None
+    virtual_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -100,7 +104,7 @@ def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation
     sub = measure(result.run_dir, SUBSET_FIGURES, summary=result.summary, requests=subset) if subset else {}
     ev = Evaluation(dict(task.overrides), dict(result.settings), figures, sub, result.summary,
                     str(result.run_dir), None, time.perf_counter() - start,
-                    result.replay.get("outside_region"))
+                    result.replay.get("outside_region"), result.replay.get("virtual_s"))
     if not keep:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return ev
@@ -130,10 +134,18 @@ class Evaluator:
             (:func:`vllm_probe.sim.whatif.step_time_model`).
         force: use a profile measured on another engine (:attr:`step_time_model`'s
             ``forced`` says so).
+        lazy: replay the baseline on first use of :attr:`baseline` (default: now, so a
+            run the replay cannot take fails here).
 
     Attributes:
         step_time_model: the :class:`~vllm_probe.sim.whatif.StepTimeChoice` every replay
             uses (the model, its source, the profile's path, the forced note).
+        baseline: the replay at the recorded settings (replayed on first use).
+        error: the baseline's relative errors against the recording
+            (:func:`vllm_probe.analysis.compare.relative_errors`; on first use).
+        stretch: the :class:`~vllm_probe.sim.cut.Stretch` of the recording this evaluator
+            replays (:meth:`cut`); None: the whole run.
+        parent: the whole run's evaluator of a stretch's (None: this is the whole run's).
 
     Raises:
         ProfileRefused: ``profile`` unreadable, or another engine's without ``force``.
@@ -143,11 +155,9 @@ class Evaluator:
 
     def __init__(self, run_dir: str | Path, jobs: int = 1, ray_address: str | None = None,
                  out: str | Path | None = None, requests: Iterable[str] = (), keep: bool | None = None,
-                 profile: Any = None, force: bool = False) -> None:
-        from ..analysis.compare import relative_errors
+                 profile: Any = None, force: bool = False, lazy: bool = False) -> None:
         from ..analysis.workload import WorkloadError, load_workload
-        from ..sim.whatif import (BASELINE_TOLERANCES, WhatifError, _notes, _summary, quiet_vllm, require_vllm,
-                                  step_time_model)
+        from ..sim.whatif import WhatifError, _notes, _summary, quiet_vllm, require_vllm, step_time_model
         from ..sim.whatif import ProfileRefused as Refused
 
         try:
@@ -158,6 +168,10 @@ class Evaluator:
         self.run_dir = Path(run_dir)
         self.jobs = max(1, int(jobs))
         self.requests = tuple(requests)
+        self.stretch: Any = None
+        self.parent: Evaluator | None = None
+        self._options = {"jobs": jobs, "ray_address": ray_address, "profile": profile, "force": force}
+        self._cuts: dict[tuple[int, int], Evaluator] = {}
         self._tmp = None
         if out is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="vllm-probe-advice-")
@@ -179,13 +193,54 @@ class Evaluator:
         self.recorded = _summary(self.run_dir)
         self._count = 0
         self.replays = 0
-        self.baseline = self.evaluate([{}])[0]
-        if self.baseline.error:
-            raise EvaluateError(f"the replay at the recorded settings failed: {self.baseline.error}")
         self.recorded_figures = measure(self.run_dir, ALL_FIGURES, summary=self.recorded)
         self.recorded_subset = (measure(self.run_dir, SUBSET_FIGURES, summary=self.recorded, requests=self.requests)
                                 if self.requests else {})
-        self.error = relative_errors(self.recorded, self.baseline.summary, BASELINE_TOLERANCES)
+        if not lazy:
+            _ = self.error
+
+    @functools.cached_property
+    def baseline(self) -> Evaluation:
+        """The replay at the recorded settings.
+
+        Raises:
+            EvaluateError: it failed (the run cannot be replayed).
+        """
+        base = self.evaluate([{}])[0]
+        if base.error:
+            raise EvaluateError(f"the replay at the recorded settings failed: {base.error}")
+        return base
+
+    @functools.cached_property
+    def error(self) -> dict[str, Any]:
+        """The baseline against the recording (:func:`~vllm_probe.analysis.compare.relative_errors`
+        with whatif's tolerances)."""
+        from ..analysis.compare import relative_errors
+        from ..sim.whatif import BASELINE_TOLERANCES
+
+        return relative_errors(self.recorded, self.baseline.summary, BASELINE_TOLERANCES)
+
+    def cut(self, stretch: Any) -> Evaluator:
+        """An evaluator of the :class:`~vllm_probe.sim.cut.Stretch` ``stretch`` of this
+        recording alone (written once under :attr:`out`, kept for later calls), with this
+        evaluator's jobs, Ray cluster and step-time choice; its baseline is replayed on
+        first use.
+
+        Raises:
+            EvaluateError: the stretch cannot be replayed (what :class:`Evaluator` raises).
+        """
+        from ..sim.cut import write_cut
+
+        key = (stretch.first_step, stretch.last_step)
+        if key not in self._cuts:
+            where = self.out / f"cut-{key[0]}-{key[1]}"
+            write_cut(self.run_dir, stretch, where / "recorded")
+            child = Evaluator(where / "recorded", out=where, requests=self.requests, keep=self.keep, lazy=True,
+                              **self._options)
+            child.stretch = stretch
+            child.parent = self
+            self._cuts[key] = child
+        return self._cuts[key]
 
     def _tasks(self, points: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
         from ..sim.engine_args import SettingError
@@ -232,8 +287,15 @@ class Evaluator:
         remote = ray.remote(num_cpus=1)(_evaluate_star)
         return list(ray.get([remote.remote(a) for a in args]))
 
+    @property
+    def all_replays(self) -> int:
+        """Replays run by this evaluator and its stretches' (:meth:`cut`)."""
+        return self.replays + sum(c.all_replays for c in self._cuts.values())
+
     def close(self) -> None:
         """Remove the temporary run directories (when no ``out`` was given)."""
+        for child in self._cuts.values():
+            child.close()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

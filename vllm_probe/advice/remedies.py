@@ -40,8 +40,18 @@ would not beat what really ran.
 **Time budget** (``budget_s``, default :data:`DEFAULT_BUDGET_S`): covers the replays of
 every finding's search together (not loading vLLM, fitting the model or the baseline
 replay); when it runs out, the rounds stop and the best found so far stands, with
-``"complete": false``. Partial replays (only the stretch of the run a finding needs)
-are not built: each replay covers the whole run.
+``"complete": false``.
+
+**The stretch a finding needs** (:mod:`vllm_probe.sim.cut`): when everything a goal
+counts (its requests, the run's preemptions, the held-slot steps) lies between two idle
+moments of the engine core that hold at most half the run's steps, the search replays
+only that stretch, cut out as a recording of its own with its own baseline (exact at the
+recorded settings: the scheduler keeps nothing across an idle moment; the prefix cache is
+checked). A replayed change that runs the stretch past the next recorded arrival would
+have met requests the cut left out: it is replayed again on the stretch widened past where
+it ended (up to :data:`WIDEN_MAX` times, then on the whole run) and judged there, against
+that stretch's own recorded and baseline figures (``"replayed_on"``).
+``whole_run=True`` (``doctor --whole-run``) replays the whole run every time.
 
 Without vLLM, or with ``--no-replay``: :func:`unchecked` keeps each rule's arithmetic as
 the remedy, marked ``"checked": false``.
@@ -58,7 +68,8 @@ from typing import Any
 from ..analysis.doctor.findings import Finding, Remedy
 from ..analysis.doctor.rule import Goal, Knob, Rule
 from ..analysis.objectives import objective
-from .evaluate import Evaluation, Evaluator
+from ..analysis.workload import Workload
+from .evaluate import EvaluateError, Evaluation, Evaluator
 
 #: Default time budget of a doctor search (s of replays, every finding together).
 DEFAULT_BUDGET_S = 60.0
@@ -155,15 +166,23 @@ class Tried:
     evaluation: Evaluation
     size: float = 0.0
     extrapolated: bool = False
+    spilled: bool = False
+    widened: dict[str, Any] | None = None
+    on: Evaluator | None = None  # the evaluator that replayed it (the search's, or a wider stretch's)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"settings", "predicted", "met", "outside_region"}`` (``outside_region``: the
         share of the replay's steps outside the step-time model's fitted region), with
-        ``"extrapolated": true`` when that share kept the point from being judged, and
-        ``"error"`` when the replay failed."""
+        ``"extrapolated": true`` when that share kept the point from being judged,
+        ``"spilled": true`` when a replay of a stretch ran past its next recorded arrival
+        (and could not be widened), ``"replayed_on"`` when it was therefore replayed on a
+        wider stretch (:meth:`vllm_probe.sim.cut.Stretch.to_dict`, or ``{"whole_run":
+        true}``), and ``"error"`` when the replay failed."""
         return {"settings": self.overrides, "predicted": self.value, "met": self.met,
                 "outside_region": self.evaluation.outside_region,
                 **({"extrapolated": True} if self.extrapolated else {}),
+                **({"spilled": True} if self.spilled else {}),
+                **({"replayed_on": self.widened} if self.widened else {}),
                 **({"error": self.evaluation.error} if self.evaluation.error else {})}
 
 
@@ -180,6 +199,8 @@ class Search:
     tried: list[Tried] = field(default_factory=list)
     complete: bool = True
     skipped: list[str] = field(default_factory=list)
+    evaluator: Evaluator | None = None
+    references: dict[int, tuple[float | None, float | None, Evaluation]] = field(default_factory=dict)
 
     def meeting(self) -> list[Tried]:
         return sorted((t for t in self.tried if t.met), key=lambda t: (len(t.overrides), t.size, _itl(t)))
@@ -206,12 +227,52 @@ def _figure(ev: Evaluation, goal: Goal) -> float | None:
     return (ev.figures_subset if goal.requests else ev.figures).get(goal.figure)
 
 
+def goal_steps(goal: Goal, finding: Finding, w: Workload) -> tuple[int, int] | None:
+    """Recorded steps ``(first, last)`` holding everything ``goal``'s figure counts: its
+    requests from their arrival to their finish, the run's preempt events, the finding's
+    held-slot steps; None when the figure is the whole run's (a quantile over every
+    request, throughput) or the steps are not known (a request unfinished, preempt events
+    off)."""
+    if goal.requests:
+        ids = set(goal.requests)
+        rs = [r for r in w.requests if r.req_id in ids]
+        if len(rs) != len(ids) or any(r.finish_step is None for r in rs):
+            return None
+        return min(r.add_before_step for r in rs), max(int(r.finish_step or 0) for r in rs)
+    if goal.figure in ("preemptions", "worst_request_preemptions"):
+        steps = [p.step for p in w.preempts]
+        return (min(steps), max(steps)) if steps else None
+    if goal.figure == "held_slot_steps":
+        rng = getattr(finding.evidence, "step_range", None)
+        return (int(rng[0]), int(rng[1])) if rng else None
+    return None
+
+
+def _evaluator_for(s: Search, evaluator: Evaluator, whole_run: bool) -> Evaluator:
+    """The stretch's evaluator when the goal's steps lie in a short enough idle-bounded
+    stretch (:func:`vllm_probe.sim.cut.stretch_for`), else ``evaluator``."""
+    from ..sim.cut import stretch_for
+
+    if whole_run:
+        return evaluator
+    span = goal_steps(s.goal, s.finding, evaluator.workload)
+    stretch = stretch_for(evaluator.workload, *span) if span is not None else None
+    if stretch is None:
+        return evaluator
+    try:
+        return evaluator.cut(stretch)
+    except (EvaluateError, OSError):
+        return evaluator
+
+
 def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFAULT_BUDGET_S,
-           progress: Callable[[str], None] | None = None) -> list[Search]:
+           progress: Callable[[str], None] | None = None, whole_run: bool = False) -> list[Search]:
     """Search a remedy for each finding with a goal; fills each finding's ``remedy``
     (:class:`CheckedRemedy`, or None when nothing tried reaches the goal) and
-    ``predicted`` (the search: goal, reference figures, tried, closest). Returns the
-    searches (for views and benchmarks)."""
+    ``predicted`` (the search: goal, reference figures, tried, closest; ``stretch`` when
+    only a stretch of the run was replayed; ``error`` when the replay could not run, the
+    arithmetic then standing unchecked). Returns the searches (for views and benchmarks).
+    ``whole_run``: never replay only the stretch a goal needs."""
     from ..sim.engine_args import recorded_settings
 
     config = evaluator.workload.config
@@ -248,23 +309,38 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
                 s.candidates[knob.setting] = values
         searches.append(s)
     for s in searches:
-        _search_one(s, evaluator, recorded, deadline, progress)
-        _conclude(s, evaluator, recorded)
+        ev = s.evaluator = _evaluator_for(s, evaluator, whole_run)
+        try:
+            _search_one(s, ev, recorded, deadline, progress)
+        except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
+            s.finding.predicted = {"error": f"the replay cannot run ({e}); the remedy is the arithmetic, unchecked"}
+            if s.finding.remedy is not None and not isinstance(s.finding.remedy, CheckedRemedy):
+                s.finding.remedy = _unchecked(s.finding.remedy)
+            continue
+        _conclude(s, ev, recorded)
     return searches
 
 
-def _measure_reference(s: Search, evaluator: Evaluator) -> None:
+def _references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | None, Evaluation]:
+    """The goal figure recorded and replayed at the recorded settings by ``evaluator`` (the
+    whole run's or a stretch's), and that baseline replay; kept per evaluator."""
     from ..analysis.objectives import measure
 
-    g = s.goal
-    if g.requests:
-        s.recorded = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
-        same = g.requests == evaluator.requests
-        base = evaluator.baseline if same else evaluator.evaluate([{}], requests=g.requests)[0]
-        s.baseline = _figure(base, g)
-    else:
-        s.recorded = evaluator.recorded_figures.get(g.figure)
-        s.baseline = evaluator.baseline.figures.get(g.figure)
+    key = id(evaluator)
+    if key not in s.references:
+        g = s.goal
+        if g.requests:
+            rec = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
+            same = g.requests == evaluator.requests
+            base = evaluator.baseline if same else evaluator.evaluate([{}], requests=g.requests)[0]
+        else:
+            rec, base = evaluator.recorded_figures.get(g.figure), evaluator.baseline
+        s.references[key] = (rec, _figure(base, g), base)
+    return s.references[key]
+
+
+def _measure_reference(s: Search, evaluator: Evaluator) -> None:
+    s.recorded, s.baseline, _ = _references(s, evaluator)
 
 
 def reference(baseline: float | None, recorded: float | None) -> float | None:
@@ -283,8 +359,13 @@ def reference(baseline: float | None, recorded: float | None) -> float | None:
     return min(known) if known else None
 
 
-def _met(s: Search, value: float | None) -> bool | None:
-    return s.goal.met(reference(s.baseline, s.recorded), value)
+def _met(s: Search, value: float | None, evaluator: Evaluator | None = None) -> bool | None:
+    """Whether ``value`` reaches the goal, against ``evaluator``'s references (default: the
+    search's own)."""
+    if evaluator is None:
+        return s.goal.met(reference(s.baseline, s.recorded), value)
+    recorded_value, baseline_value, _ = _references(s, evaluator)
+    return s.goal.met(reference(baseline_value, recorded_value), value)
 
 
 def extrapolated(figure: str, outside: float | None, baseline_outside: float | None) -> bool:
@@ -298,14 +379,57 @@ def extrapolated(figure: str, outside: float | None, baseline_outside: float | N
     return outside - (baseline_outside or 0.0) > EXTRAPOLATION_MAX
 
 
+def _spilled(evaluator: Evaluator, ev: Evaluation) -> bool:
+    """Whether a replay of a stretch ran past the stretch's next recorded arrival (and past
+    the stretch's own baseline replay, whose end the recording put before it)."""
+    st = evaluator.stretch
+    if st is None or st.horizon_s is None or ev.virtual_s is None:
+        return False
+    return ev.virtual_s > st.horizon_s and ev.virtual_s > (evaluator.baseline.virtual_s or 0.0)
+
+
+def _wider(evaluator: Evaluator, ev: Evaluation) -> Evaluator | None:
+    """The evaluator of the stretch widened past where ``ev`` (a replay of ``evaluator``'s
+    stretch) ended (:func:`vllm_probe.sim.cut.widen`); the whole run's when that is the
+    whole run; None when ``evaluator`` is the whole run's."""
+    from ..sim.cut import widen
+
+    parent = evaluator.parent
+    if parent is None or evaluator.stretch is None or ev.virtual_s is None:
+        return None
+    wider = widen(parent.workload, evaluator.stretch, ev.virtual_s)
+    if wider is None:
+        return parent
+    try:
+        return parent.cut(wider)
+    except (EvaluateError, OSError):
+        return parent
+
+
+#: Widenings of one point's stretch before it is replayed on the whole run.
+WIDEN_MAX = 4
+
+
 def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded: dict[str, Any]) -> list[Tried]:
     evs = evaluator.evaluate(points, requests=s.goal.requests)
     out = []
     for p, ev in zip(points, evs):
+        where = evaluator
+        for i in range(WIDEN_MAX + 1):  # a change that ran past the stretch: replay it on a wider one
+            if not (ev.ok and _spilled(where, ev)):
+                break
+            wider = _wider(where, ev) if i < WIDEN_MAX else where.parent
+            if wider is None:
+                break
+            where = wider
+            ev = where.evaluate([p], requests=s.goal.requests)[0]
         value = _figure(ev, s.goal) if ev.ok else None
-        far = ev.ok and extrapolated(s.goal.figure, ev.outside_region, evaluator.baseline.outside_region)
-        met = (None if far else _met(s, value)) if ev.ok else False
-        t = Tried(dict(p), value, met, ev, _size(p, recorded), far)
+        far = ev.ok and extrapolated(s.goal.figure, ev.outside_region, _references(s, where)[2].outside_region)
+        spilled = ev.ok and _spilled(where, ev)
+        met = (None if far or spilled else _met(s, value, where)) if ev.ok else False
+        t = Tried(dict(p), value, met, ev, _size(p, recorded), far, spilled,
+                  where.stretch.to_dict() if where is not evaluator and where.stretch is not None
+                  else ({"whole_run": True} if where is not evaluator else None), where)
         out.append(t)
         s.tried.append(t)
     return out
@@ -357,18 +481,25 @@ def _text(p: dict[str, Any]) -> str:
 
 
 def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
+    """The prediction of ``t`` against the recorded and baseline figures of the stretch it
+    was replayed on (``evaluator``'s, or the wider one it spilled into)."""
     o = objective(s.goal.figure)
     ev = t.evaluation
+    on = t.on or evaluator
+    recorded_value, baseline_value, _ = _references(s, on)
     trade = {}
     for name in TRADEOFFS:
         if name == s.goal.figure and not s.goal.requests:
             continue
-        trade[name] = {"recorded": evaluator.recorded_figures.get(name),
-                       "baseline": evaluator.baseline.figures.get(name), "predicted": ev.figures.get(name),
+        trade[name] = {"recorded": on.recorded_figures.get(name),
+                       "baseline": on.baseline.figures.get(name), "predicted": ev.figures.get(name),
                        "unit": objective(name).unit}
-    return {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": s.recorded,
-            "baseline": s.baseline, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides),
-            "outside_region": ev.outside_region}
+    out = {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": recorded_value,
+           "baseline": baseline_value, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides),
+           "outside_region": ev.outside_region}
+    if t.widened:
+        out["replayed_on"] = t.widened
+    return out
 
 
 def _goal_dict(g: Goal) -> dict[str, Any]:
@@ -405,6 +536,8 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
         "tried": [t.to_dict() for t in s.tried], "complete": s.complete, "skipped": s.skipped,
         "resolved": bool(good), "baseline_outside_region": evaluator.baseline.outside_region,
         "outside_region": None}
+    if evaluator.stretch is not None:
+        record["stretch"] = evaluator.stretch.to_dict()
     sign = 1.0 if objective(s.goal.figure).better == "lower" else -1.0
     shown = good[0] if good else min(
         (t for t in s.tried if t.evaluation.ok and t.value is not None),
@@ -438,12 +571,21 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
     source = f.remedy.source if f.remedy is not None else "the replay of this run (vllm-probe whatif)"
     f.remedy = CheckedRemedy(
         setting, value,
-        f"replayed {len(s.tried)} change(s) of {', '.join(s.candidates) or 'no knob'}: the smallest that reaches the "
-        f"goal ({_goal_text(s.goal)}) is {_text(top.overrides)}: {s.goal.figure} {_fmt(s.baseline)} "
-        f"(replay at the recorded settings; recorded {_fmt(s.recorded)}) → {_fmt(top.value)}",
+        f"replayed {len(s.tried)} change(s) of {', '.join(s.candidates) or 'no knob'}{_stretch_text(evaluator)}: "
+        f"the smallest that reaches the goal ({_goal_text(s.goal)}) is {_text(top.overrides)}: "
+        f"{s.goal.figure} {_fmt(pred['baseline'])} (replay at the recorded settings; "
+        f"recorded {_fmt(pred['recorded'])}) → {_fmt(top.value)}",
         _describe_tradeoffs(pred), source, whatif=dict(top.overrides), alternatives=alternatives,
         checked=True, predicted=pred, began_at=began)
     f.predicted = record
+
+
+def _stretch_text(evaluator: Evaluator) -> str:
+    st = evaluator.stretch
+    if st is None:
+        return ""
+    return (f" (on steps {st.first_step:,}-{st.last_step:,} of {st.total_steps:,}, the stretch between idle moments "
+            "that holds what the goal counts)")
 
 
 def _goal_text(g: Goal) -> str:
@@ -487,4 +629,4 @@ def unchecked(findings: list[Finding]) -> None:
 
 
 __all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "EXTRAPOLATION_MAX", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
-           "extrapolated", "reference", "rule_for", "search", "unchecked"]
+           "extrapolated", "goal_steps", "reference", "rule_for", "search", "unchecked"]

@@ -1,5 +1,5 @@
 """``vllm-probe doctor [RUN_DIR] [--json] [--no-replay] [--expect FILE] [--jobs N] [--ray ADDRESS]
-[--budget S] [--profile PROFILE.json | --no-profile] [--force]``: what went wrong in a run,
+[--budget S] [--whole-run] [--profile PROFILE.json | --no-profile] [--force]``: what went wrong in a run,
 the evidence, and what to change.
 
 The findings come from :mod:`vllm_probe.analysis.doctor` (the catalogue of rules, docs/doctor.md),
@@ -15,7 +15,9 @@ figures, what was tried; :mod:`vllm_probe.advice.remedies`).
 
 With vLLM installed each remedy is chosen by replaying the run through vLLM's own
 scheduler (the smallest change that reaches the finding's goal; ``--budget`` seconds of
-replays, default 60); ``--no-replay`` (or no vLLM) gives the rules' arithmetic, marked
+replays, default 60; a goal whose figure lies in one stretch of the run between idle
+moments is searched on that stretch alone, ``predicted["stretch"]``, unless
+``--whole-run``); ``--no-replay`` (or no vLLM) gives the rules' arithmetic, marked
 ``"checked": false``. ``--whatif`` is an accepted alias of the default. ``--profile``/
 ``--no-profile``/``--force``: the replay's step-time model, as ``whatif``'s
 (:mod:`vllm_probe.cli.profile_args`); ``--json`` then has ``step_time_model`` (``source``:
@@ -57,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="S",
                    help="seconds of replays for the remedy search, every finding together (default 60)")
     p.add_argument("--out", metavar="DIR", help="keep the replayed run directories here")
+    p.add_argument("--whole-run", action="store_true",
+                   help="replay the whole run for every remedy, not only the stretch between idle moments "
+                        "that holds what a finding's goal counts")
     profile_args.add_arguments(p)
 
 
@@ -121,7 +126,7 @@ def _search(report, run_dir, args) -> None:
           "replays; --no-replay skips) …", file=sys.stderr, flush=True)
     try:
         evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray, out=args.out,
-                              profile=profile_args.choice(args), force=args.force)
+                              profile=profile_args.choice(args), force=args.force, lazy=True)
     except ProfileRefused as e:  # the user's choice, not the run: an error, not a fallback
         raise profile_args.refused(e) from None
     except EvaluateError as e:
@@ -133,9 +138,9 @@ def _search(report, run_dir, args) -> None:
         if note.startswith(("profile: using", "FORCED")):  # the cache's choice and a forced profile, said
             print(f"vllm-probe: note: {note}", file=sys.stderr)
     try:
-        searches = remedies.search(report.findings, evaluator, budget)
+        searches = remedies.search(report.findings, evaluator, budget, whole_run=args.whole_run)
     finally:
         evaluator.close()
     if any(not s.complete for s in searches):
-        print(f"vllm-probe: note: the search stopped at its budget of {budget:g} s ({evaluator.replays} replays); "
+        print(f"vllm-probe: note: the search stopped at its budget of {budget:g} s ({evaluator.all_replays} replays); "
               "--budget S searches longer", file=sys.stderr)

@@ -92,6 +92,11 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
             if p.get("resolved") is False:
                 line.append("  " + unmet_goal_text(p), style="yellow")
             rows.append(("predicted", line))
+            st = p.get("stretch")
+            if st:
+                rows.append(("", Text(f"replayed steps {st['first_step']:,}–{st['last_step']:,} of {st['of_steps']:,} "
+                                      f"({st['requests']:,} requests): the stretch between idle moments that holds "
+                                      "what the goal counts (--whole-run replays it all)", style="dim")))
             if p.get("run_dir"):
                 rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
     step = rule.step(f)
