@@ -311,6 +311,9 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
     for s in searches:
         ev = s.evaluator = _evaluator_for(s, evaluator, whole_run)
         try:
+            began = time.monotonic()
+            _measure_reference(s, ev)  # the baseline replay: not counted against the budget
+            deadline += time.monotonic() - began
             _search_one(s, ev, recorded, deadline, progress)
         except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
             s.finding.predicted = {"error": f"the replay cannot run ({e}); the remedy is the arithmetic, unchecked"}
@@ -437,7 +440,6 @@ def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded
 
 def _search_one(s: Search, evaluator: Evaluator, recorded: dict[str, Any], deadline: float,
                 progress: Callable[[str], None] | None) -> None:
-    _measure_reference(s, evaluator)
     if not s.candidates:
         return
     active = {k: list(v) for k, v in s.candidates.items()}
