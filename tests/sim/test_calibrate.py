@@ -179,3 +179,23 @@ def test_ctrl_c_during_calibration_leaves_no_profile_and_no_run(tmp_path, monkey
         calibrate(run, tmp_path / "p.json", driver=interrupted)
     assert seen and not seen[0].exists() and list((tmp_path / "tmp").iterdir()) == []
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "cache").exists()
+
+
+def test_steps_far_outside_the_region_are_counted_apart():
+    """Fitted up to 1,000 prefill tokens: a step of 1,040 is inside (5 % slack), 1,200
+    outside, 1,600 far outside (beyond 1.5 × 1,000)."""
+    from vllm_probe.sim.stepmodel import FEATURES, StepTimeModel
+
+    m = StepTimeModel(("prefill_tokens",), 0.001, (1e-6,), region={"prefill_tokens": 1000.0, "decode_reqs": 16.0,
+                                                                    "attn_decode": 1e6})
+
+    def row(pt):
+        r = [0.0] * len(FEATURES)
+        r[FEATURES.index("prefill_tokens")] = pt
+        return r
+
+    for pt in (1040, 1200, 1600, 500):
+        m.predict(row(pt))
+    assert (m.outside_share, m.far_outside_share) == (0.5, 0.25)
+    m.reset_counts()
+    assert m.far_outside_share is None

@@ -547,7 +547,8 @@ def _replay_into(task: _Task, run_dir: Path) -> None:
         raise WhatifError(f"the replay into {run_dir} dropped {sink.dropped} events (disk too slow or full)")
     replay_info = {"steps": stats.steps, "wall_s": stats.wall_s, "cpu_s": stats.cpu_s,
                    "virtual_s": stats.virtual_s, "steps_per_cpu_s": stats.steps_per_cpu_s,
-                   "outside_region": task.model.outside_share}
+                   "outside_region": task.model.outside_share,
+                   "far_outside_region": getattr(task.model, "far_outside_share", None)}
     write_meta(run_dir, {
         "probe_version": __version__,
         "simulated": True,
