@@ -243,7 +243,7 @@ class TimedEvaluator(FakeEvaluator):
 
     def _one(self, p):
         return Evaluation(dict(p), figures={"queue_p90": self.figure(p), "itl_p90": 0.01},
-                          outside_region=self.outside(p), far_outside_region=self.outside(p))
+                          outside_region=self.outside(p), extrapolated_share=self.outside(p))
 
 
 def _seqs_up_rule():
@@ -274,7 +274,7 @@ def test_a_time_goal_reached_only_outside_the_fitted_region_is_not_a_remedy(monk
     from vllm_probe.tui.doctor_view import unmet_goal_text
 
     assert unmet_goal_text(f.predicted).startswith("not checked: the replay reaches queue_p90's goal only at "
-                                                   "max_num_seqs=64, with up to 33 % of its steps far outside")
+                                                   "max_num_seqs=64, with up to 33 % of its predicted time from beyond")
 
 
 def test_inside_the_fitted_region_the_same_replay_is_the_remedy(monkeypatch):

@@ -181,21 +181,29 @@ def test_ctrl_c_during_calibration_leaves_no_profile_and_no_run(tmp_path, monkey
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "cache").exists()
 
 
-def test_steps_far_outside_the_region_are_counted_apart():
-    """Fitted up to 1,000 prefill tokens: a step of 1,040 is inside (5 % slack), 1,200
-    outside, 1,600 far outside (beyond 1.5 × 1,000)."""
+def test_the_seconds_from_beyond_the_region_are_counted():
+    """1 ms + 1 µs per prefill token, fitted up to 1,000 tokens: steps of 1,040 (inside: 5 %
+    slack), 1,200, 1,600 and 500 tokens take 2.04 + 2.2 + 2.6 + 1.5 = 8.34 ms, of which
+    0.2 + 0.6 ms come from tokens beyond 1,000 (the 1,040 step is inside, not counted); a
+    term that costs little adds little however far beyond (decode attention at 1 ns)."""
+    import pytest
+
     from vllm_probe.sim.stepmodel import FEATURES, StepTimeModel
 
-    m = StepTimeModel(("prefill_tokens",), 0.001, (1e-6,), region={"prefill_tokens": 1000.0, "decode_reqs": 16.0,
-                                                                    "attn_decode": 1e6})
+    region = {"prefill_tokens": 1000.0, "decode_reqs": 16.0, "attn_decode": 1000.0}
+    m = StepTimeModel(("prefill_tokens", "attn_decode"), 0.001, (1e-6, 1e-9), region=region)
 
-    def row(pt):
+    def row(pt, attn=0.0):
         r = [0.0] * len(FEATURES)
         r[FEATURES.index("prefill_tokens")] = pt
+        r[FEATURES.index("attn_decode")] = attn
         return r
 
     for pt in (1040, 1200, 1600, 500):
         m.predict(row(pt))
-    assert (m.outside_share, m.far_outside_share) == (0.5, 0.25)
+    assert m.outside_share == 0.5
+    assert m.extrapolated_share == pytest.approx(0.8 / 8.34)
     m.reset_counts()
-    assert m.far_outside_share is None
+    assert m.extrapolated_share is None
+    m.predict(row(100, attn=4000.0))  # 4x beyond in attention: 3 µs of its 1.104 ms
+    assert (m.outside_share, m.extrapolated_share) == (1.0, pytest.approx(0.003 / 1.104))

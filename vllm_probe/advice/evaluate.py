@@ -62,8 +62,10 @@ class Evaluation:
             step-time model was fitted on (None: not replayed, or no region known).
         virtual_s: the replay's simulated seconds, from the workload's first arrival to
             the end of its last step (None: not replayed).
-        far_outside_region: share (0..1) of the replay's steps beyond the fitted region by
-            more than :data:`vllm_probe.sim.stepmodel.FAR_SLACK` (None: as outside_region).
+        extrapolated_share: share (0..1) of the replay's predicted seconds that comes from
+            feature values beyond the fitted region
+            (:attr:`vllm_probe.sim.stepmodel.StepTimeModel.extrapolated_share`; None: as
+            outside_region).
     """
 
     overrides: dict[str, Any]
@@ -76,7 +78,7 @@ class Evaluation:
     replay_s: float = 0.0
     outside_region: float | None = None
     virtual_s: float | None = None
-    far_outside_region: float | None = None
+    extrapolated_share: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -108,7 +110,7 @@ def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation
     ev = Evaluation(dict(task.overrides), dict(result.settings), figures, sub, result.summary,
                     str(result.run_dir), None, time.perf_counter() - start,
                     result.replay.get("outside_region"), result.replay.get("virtual_s"),
-                    result.replay.get("far_outside_region"))
+                    result.replay.get("extrapolated_share"))
     if not keep:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return ev

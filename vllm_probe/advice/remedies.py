@@ -80,12 +80,14 @@ MAX_BUDGET_FACTOR = 8
 PAIR_DEPTH = 3
 #: Figures reported as trade-offs beside the goal's (objectives names).
 TRADEOFFS = ("itl_p90", "output_tokens_per_s", "ttft_p90", "num_kv_blocks", "preemptions")
-#: A goal in seconds (or tokens/s) is not judged on a replay that prices this much larger a
-#: share of its steps *far* outside the step-time model's fitted region (beyond it by more
-#: than :data:`vllm_probe.sim.stepmodel.FAR_SLACK`) than the baseline replay: such a
-#: figure is an extrapolation. Measured: held-slots at max_num_seqs 64 priced 33 % of its
-#: steps at 2× the profile's prefill tokens (4,096 against 2,047), predicted queue p90
-#: 0.135 → 0.088 s, and measured 0.142 → 0.160 s for real (docs/doctor.md); part 13
+#: A goal in seconds (or tokens/s) is not judged on a replay whose predicted seconds come
+#: this much more than the baseline replay's from feature values beyond the step-time
+#: model's fitted region (:attr:`vllm_probe.sim.stepmodel.StepTimeModel.extrapolated_share`):
+#: such a figure is an extrapolation. Measured (docs/doctor.md): held-slots at
+#: max_num_seqs 64 ran 33 % of its steps at 2× the profile's prefill tokens (4,096 against
+#: 2,047), predicted queue p90 0.135 → 0.088 s and measured 0.142 → 0.160 s for real, while
+#: seed-burst's 128 KV blocks put decode attention 3-4× beyond the profile, a term that
+#: costs little on that model, and its prediction held (2.64 s; 2.16 s real). Part 13
 #: measured 16-143 % errors where a setting creates steps the recording never had.
 EXTRAPOLATION_MAX = 0.10
 #: Settings that size the token budget (bounded by MAX_BUDGET_FACTOR).
@@ -157,7 +159,7 @@ class Tried:
     """One replayed change: ``overrides``, the goal figure predicted, whether it reached the
     goal (None: unknown, no figure, or ``extrapolated``), the :class:`Evaluation`;
     ``extrapolated``: the figure is in seconds and the replay priced more than
-    :data:`EXTRAPOLATION_MAX` more of its steps far outside the step-time model's fitted
+    :data:`EXTRAPOLATION_MAX` more of its seconds from beyond the step-time model's fitted
     region than the baseline did, so the search does not take it as reaching the goal."""
 
     overrides: dict[str, Any]
@@ -173,15 +175,15 @@ class Tried:
     def to_dict(self) -> dict[str, Any]:
         """``{"settings", "predicted", "met", "outside_region"}`` (``outside_region``: the
         share of the replay's steps outside the step-time model's fitted region), with
-        ``"far_outside_region"`` and ``"extrapolated": true`` when the share far outside it
-        kept the point from being judged,
+        ``"extrapolated_share"`` and ``"extrapolated": true`` when the share of its seconds
+        from beyond that region kept the point from being judged,
         ``"spilled": true`` when a replay of a stretch ran past its next recorded arrival
         (and could not be widened), ``"replayed_on"`` when it was therefore replayed on a
         wider stretch (:meth:`vllm_probe.sim.cut.Stretch.to_dict`, or ``{"whole_run":
         true}``), and ``"error"`` when the replay failed."""
         return {"settings": self.overrides, "predicted": self.value, "met": self.met,
                 "outside_region": self.evaluation.outside_region,
-                **({"far_outside_region": self.evaluation.far_outside_region, "extrapolated": True}
+                **({"extrapolated_share": self.evaluation.extrapolated_share, "extrapolated": True}
                    if self.extrapolated else {}),
                 **({"spilled": True} if self.spilled else {}),
                 **({"replayed_on": self.widened} if self.widened else {}),
@@ -376,9 +378,9 @@ def _met(s: Search, value: float | None, evaluator: Evaluator | None = None) -> 
 def extrapolated(figure: str, outside: float | None, baseline_outside: float | None) -> bool:
     """Whether a replay's ``figure`` is an extrapolation of the step-time model: a figure in
     seconds or tokens/s (counts of steps, preemptions and tokens do not depend on the step
-    time) from a replay with more than :data:`EXTRAPOLATION_MAX` more of its steps
-    (``outside``, 0..1: :attr:`Evaluation.far_outside_region`) far outside the fitted
-    region than the baseline replay (``baseline_outside``)."""
+    time) from a replay with more than :data:`EXTRAPOLATION_MAX` more of its predicted
+    seconds (``outside``, 0..1: :attr:`Evaluation.extrapolated_share`) from beyond the
+    fitted region than the baseline replay (``baseline_outside``)."""
     if outside is None or objective(figure).unit not in ("s", "tokens/s"):
         return False
     return outside - (baseline_outside or 0.0) > EXTRAPOLATION_MAX
@@ -429,8 +431,8 @@ def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded
             where = wider
             ev = where.evaluate([p], requests=s.goal.requests)[0]
         value = _figure(ev, s.goal) if ev.ok else None
-        far = ev.ok and extrapolated(s.goal.figure, ev.far_outside_region,
-                                     _references(s, where)[2].far_outside_region)
+        far = ev.ok and extrapolated(s.goal.figure, ev.extrapolated_share,
+                                     _references(s, where)[2].extrapolated_share)
         spilled = ev.ok and _spilled(where, ev)
         met = (None if far or spilled else _met(s, value, where)) if ev.ok else False
         t = Tried(dict(p), value, met, ev, _size(p, recorded), far, spilled,

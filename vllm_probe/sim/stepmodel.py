@@ -227,12 +227,6 @@ REGION_FEATURES = ("prefill_tokens", "decode_reqs", "attn_decode")
 #: A predicted step is outside the fitted region when one of :data:`REGION_FEATURES`
 #: exceeds the largest fitted value by more than this share (5 %).
 REGION_SLACK = 0.05
-#: A predicted step is *far* outside when one of them exceeds the largest fitted value by
-#: more than this share (50 %): an extrapolation a linear term does not carry. Measured
-#: (docs/doctor.md): seed-burst's KV blocks 64 → 128 put decode attention ~16 % beyond a
-#: profile and its queue p90 prediction held (2.64 s predicted, 2.16 s real); held-slots'
-#: max_num_seqs 64 put prefill tokens at 2× the profile's and missed (0.088 s, 0.160 s).
-FAR_SLACK = 0.5
 
 
 @dataclass
@@ -262,15 +256,16 @@ class StepTimeModel:
     profile: str | None = None
     _index: tuple[tuple[int, float | None], ...] = field(default=(), repr=False, compare=False)
     _region: tuple[tuple[int, float], ...] = field(default=(), repr=False, compare=False)
-    _far: tuple[tuple[int, float], ...] = field(default=(), repr=False, compare=False)
+    _top: tuple[tuple[int, float], ...] = field(default=(), repr=False, compare=False)
     predicted: int = field(default=0, repr=False, compare=False)
     outside: int = field(default=0, repr=False, compare=False)
-    far_outside: int = field(default=0, repr=False, compare=False)
+    raw_s: float = field(default=0.0, repr=False, compare=False)
+    extrapolated_s: float = field(default=0.0, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._index = tuple(parse_term(t) for t in self.terms)
         self._region = tuple((_INDEX[k], v * (1 + REGION_SLACK)) for k, v in self.region.items())
-        self._far = tuple((_INDEX[k], v * (1 + FAR_SLACK)) for k, v in self.region.items())
+        self._top = tuple((_INDEX[k], v) for k, v in self.region.items())
 
     def raw(self, features: Sequence[float]) -> float:
         """The shape's seconds for a :data:`FEATURES` row, before ``level`` and ``scale``."""
@@ -282,18 +277,24 @@ class StepTimeModel:
 
     def predict(self, features: Sequence[float]) -> float:
         """Seconds from this step's start to the next's, for a :data:`FEATURES` row;
-        counts the steps predicted, those outside :attr:`region` and those far outside it."""
+        counts the steps predicted, those outside :attr:`region`, and the seconds that come
+        from feature values beyond it (:attr:`extrapolated_share`)."""
         self.predicted += 1
+        raw = self.raw(features)
+        self.raw_s += raw
         for i, hi in self._region:
             if features[i] > hi:
                 self.outside += 1
-                if any(features[j] > far for j, far in self._far):
-                    self.far_outside += 1
+                inside = list(features)
+                for j, top in self._top:
+                    inside[j] = min(inside[j], top)
+                self.extrapolated_s += raw - self.raw(inside)
                 break
-        return self.raw(features) * self.level * self.scale
+        return raw * self.level * self.scale
 
     def reset_counts(self) -> None:
-        self.predicted = self.outside = self.far_outside = 0
+        self.predicted = self.outside = 0
+        self.raw_s = self.extrapolated_s = 0.0
 
     @property
     def outside_share(self) -> float | None:
@@ -304,12 +305,16 @@ class StepTimeModel:
         return self.outside / self.predicted
 
     @property
-    def far_outside_share(self) -> float | None:
-        """Share of the steps predicted since :meth:`reset_counts` beyond the fitted region
-        by more than :data:`FAR_SLACK` in one of :data:`REGION_FEATURES`."""
-        if not self.predicted or not self.region:
+    def extrapolated_share(self) -> float | None:
+        """Share (0..1) of the seconds predicted since :meth:`reset_counts` that comes from
+        feature values beyond the fitted region: per step outside it, its time less the
+        time of the same step with each of :data:`REGION_FEATURES` capped at the largest
+        fitted value. A step 3× beyond in a term that costs little (decode attention on a
+        tiny model) adds little; one whose prefill tokens are 2× the fitted adds half its
+        time (None: nothing predicted, or no region known)."""
+        if not self.predicted or not self.region or self.raw_s <= 0:
             return None
-        return self.far_outside / self.predicted
+        return self.extrapolated_s / self.raw_s
 
     def describe(self) -> list[tuple[str, float, str]]:
         """``(term, value, unit)`` per coefficient, intercept first, in readable units."""
@@ -531,8 +536,8 @@ class DriftModel:
         return self.base.outside_share
 
     @property
-    def far_outside_share(self) -> float | None:
-        return self.base.far_outside_share
+    def extrapolated_share(self) -> float | None:
+        return self.base.extrapolated_share
 
     @property
     def quality(self) -> Quality | None:

@@ -38,9 +38,9 @@ def unmet_goal_text(p: dict) -> str:
     far = p.get("extrapolated")
     if far:
         shown = ", ".join(",".join(f"{k}={v}" for k, v in t["settings"].items()) for t in far)
-        worst = max(t.get("far_outside_region") or 0.0 for t in far)
+        worst = max(t.get("extrapolated_share") or 0.0 for t in far)
         return (f"not checked: the replay reaches {name}'s goal only at {shown}, with up to "
-                f"{worst * 100:.0f} % of its steps far outside the step-time model's fitted region "
+                f"{worst * 100:.0f} % of its predicted time from beyond the step-time model's fitted region "
                 "(its seconds there are a guess: docs/whatif.md, the step-time model's region)")
     if target == "lower":
         return f"the replay says it does not help: {name} does not go down"
