@@ -259,9 +259,10 @@ HELD_SLOTS_QUEUE = {16: 0.1354, 24: 0.1204, 32: 0.1111, 48: 0.0980, 64: 0.0875}
 
 def test_a_time_goal_reached_only_outside_the_fitted_region_is_not_a_remedy(monkeypatch):
     """max_num_seqs 64 is the only value the replay says takes 30 % off queue p90 (0.0875 ≤
-    0.7 × 0.1354), but 33 % of its steps lie outside the model's fitted region (the baseline:
-    0 %): not the remedy; the finding gets none and names 64 as extrapolated. Run for real,
-    64 made queue p90 worse (0.142 → 0.160 s)."""
+    0.7 × 0.1354 = 0.0948), but a third of its predicted seconds come from beyond the
+    model's fitted region (the baseline: none): counted double, 0.0875 × 4/3 = 0.117 does
+    not reach it; the finding gets no remedy and names 64 as extrapolated. Run for real, 64
+    made queue p90 worse (0.142 → 0.160 s)."""
     monkeypatch.setattr(remedies, "rule_for", lambda fid: _seqs_up_rule())
     ev = TimedEvaluator(lambda p: HELD_SLOTS_QUEUE[p.get("max_num_seqs", 16)],
                         lambda p: {48: 0.36, 64: 1 / 3}.get(p.get("max_num_seqs", 16), 0.0))
@@ -269,7 +270,7 @@ def test_a_time_goal_reached_only_outside_the_fitted_region_is_not_a_remedy(monk
     remedies.search([f], ev)
     assert f.remedy is None and f.predicted["resolved"] is False
     assert [(t["settings"]["max_num_seqs"], t["met"], t.get("extrapolated", False)) for t in f.predicted["tried"]] == [
-        (24, False, False), (32, False, False), (48, None, True), (64, None, True)]
+        (24, False, False), (32, False, False), (48, False, False), (64, False, True)]
     assert [t["settings"] for t in f.predicted["extrapolated"]] == [{"max_num_seqs": 64}]
     from vllm_probe.tui.doctor_view import unmet_goal_text
 
@@ -278,8 +279,8 @@ def test_a_time_goal_reached_only_outside_the_fitted_region_is_not_a_remedy(monk
 
 
 def test_inside_the_fitted_region_the_same_replay_is_the_remedy(monkeypatch):
-    """The same figures with every replay inside the region (or only 5 points beyond the
-    baseline's share): 64 is the remedy."""
+    """The same figures with 64's replay only 5 points beyond the baseline's extrapolated
+    share: 0.0875 × 1.05 = 0.0919 ≤ 0.0948, 64 is the remedy."""
     monkeypatch.setattr(remedies, "rule_for", lambda fid: _seqs_up_rule())
     ev = TimedEvaluator(lambda p: HELD_SLOTS_QUEUE[p.get("max_num_seqs", 16)],
                         lambda p: 0.30 if p.get("max_num_seqs", 16) == 64 else 0.25)
@@ -290,9 +291,13 @@ def test_inside_the_fitted_region_the_same_replay_is_the_remedy(monkeypatch):
 
 
 def test_counts_are_judged_whatever_the_region():
-    """Preemptions and held-slot steps do not depend on the step time: never extrapolated."""
-    assert remedies.extrapolated("preemptions", 0.9, 0.0) is False
-    assert remedies.extrapolated("held_slot_steps", 0.9, 0.0) is False
-    assert remedies.extrapolated("ttft_p90", 0.9, 0.0) is True
-    assert remedies.extrapolated("ttft_p90", 0.30, 0.25) is False
-    assert remedies.extrapolated("ttft_p90", None, 0.0) is False
+    """Preemptions and held-slot steps do not depend on the step time: judged as replayed;
+    seconds are raised by the extrapolated share beyond the baseline's."""
+    import pytest
+
+    assert remedies.judged("preemptions", 5.0, 0.9, 0.0) == 5.0
+    assert remedies.judged("held_slot_steps", 5.0, 0.9, 0.0) == 5.0
+    assert remedies.judged("ttft_p90", 2.0, 0.25, 0.0) == pytest.approx(2.5)
+    assert remedies.judged("ttft_p90", 2.0, 0.30, 0.25) == pytest.approx(2.1)
+    assert remedies.judged("ttft_p90", 2.0, 0.10, 0.25) == 2.0
+    assert remedies.judged("ttft_p90", 2.0, None, 0.0) == 2.0
