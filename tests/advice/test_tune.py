@@ -81,13 +81,21 @@ def test_flags_and_serve_line():
 @pytest.fixture(scope="module")
 def storm_run(tmp_path_factory):
     """16 requests of 64 + 100 tokens in 39 usable KV blocks (vLLM's Scheduler, no model):
-    17 preemptions at max_num_seqs 16."""
+    17 preemptions at max_num_seqs 16. Recorded on a virtual clock whose steps cost a known
+    function (tests/sim/_hand.py), so every figure in seconds is the same on every run:
+    recorded on the wall clock, the fitted step time followed the machine's load and the
+    search's path with it (test_coordinate_descent_finds_the_grids_optimum failed 1 run in
+    a few)."""
     pytest.importorskip("vllm")
-    from tests._simrun import record
+    from tests.sim._hand import nonlinear_cost, record, workload
+    from vllm_probe.analysis.workload import WorkloadRequest
 
+    reqs = [WorkloadRequest(order=i, req_id=f"R{i}", prompt_len=64, max_tokens=100, output_tokens=100,
+                            arrival_ts=1000.0 + 1e-4 * i, added_ts=1000.0 + 1e-4 * i, finish_reason="length")
+            for i in range(16)]
     d = tmp_path_factory.mktemp("tune") / "storm"
-    return record(d, dict(max_num_batched_tokens=256, max_num_seqs=16, num_blocks=40, block_size=16,
-                          max_model_len=256), [(f"R{i}", 64, 100) for i in range(16)], max_steps=5000)
+    return record(d, workload(reqs), nonlinear_cost, max_num_batched_tokens=256, max_num_seqs=16, num_blocks=40,
+                  block_size=16, max_model_len=256)
 
 
 @requires_vllm

@@ -49,10 +49,13 @@ def unmet_goal_text(p: dict) -> str:
     return f"not enough on its own: {name} stays above {figure(target)}"
 
 
-def baseline_line(error: dict | None) -> Text:
+def baseline_line(error: dict | None, stretch: dict | None = None) -> Text:
     """How far to trust ``--whatif``'s predictions: the replay at the recorded settings
-    against the recorded run (``predicted["baseline_error"]``)."""
+    against the recorded run (``predicted["baseline_error"]``), or against the stretch of it
+    that was replayed (``predicted["stretch"]``)."""
     head = "predictions: vLLM's own scheduler replayed at each remedy's settings; "
+    if stretch:
+        head += f"on steps {stretch['first_step']:,}–{stretch['last_step']:,} of {stretch['of_steps']:,}, "
     if not error or "figures" not in error:
         return Text(head + "no baseline comparison", style="dim")
     figs = ", ".join(f"{label} " + ("=" if e == 0 else "-" if e is None else signed_pct(e))
@@ -133,7 +136,7 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
     ]
     replayed = next((f.predicted for f in report.findings if f.predicted and "baseline_error" in f.predicted), None)
     if replayed is not None:
-        parts.append(baseline_line(replayed["baseline_error"]))
+        parts.append(baseline_line(replayed["baseline_error"], replayed.get("stretch")))
         for extra in (step_time_model_line(report.step_time_model), _outside(report.findings, replayed)):
             if extra is not None:
                 parts.append(extra)
