@@ -87,7 +87,8 @@ def main() -> int:
         st = p.get("stretch")
         steps = st["steps"] if st else w.last_step + 1
         rows[whole] = f
-        print(f"{f.id} on the {'whole run' if whole else 'stretch  '}: {steps:>7,} steps per replay, {replays:>3} replays "
+        where = "whole run" if whole else "stretch  "
+        print(f"{f.id} on the {where}: {steps:>7,} steps per replay, {replays:>3} replays "
               f"(baseline included), search {wall:6.1f} s, replays {replay_s:6.1f} s; remedy "
               f"{f.remedy.whatif if f.remedy else None}"
               + (f"; stretch {st['first_step']:,}-{st['last_step']:,}" if st else ""))

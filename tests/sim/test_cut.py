@@ -151,3 +151,23 @@ def test_doctor_searches_the_storm_on_its_stretch_and_widens_what_runs_past_it(b
     assert (seqs2["predicted"], seqs2["met"]) == (0.0, True)
     assert (seqs2["replayed_on"]["first_step"], seqs2["replayed_on"]["last_step"]) == (252, 872)
     assert "on steps 252-620 of 874" in cut.remedy.arithmetic
+
+
+@requires_vllm
+def test_a_budget_too_small_for_the_baseline_leaves_the_arithmetic_unchecked(bursts):
+    """A search budget no replay fits: each replay is stopped at its time limit, every
+    finding with a goal keeps its rule's arithmetic marked unchecked, and says why."""
+    from vllm_probe.advice import remedies
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.analysis.doctor import examine
+
+    report = examine(bursts)
+    with Evaluator(bursts, lazy=True) as ev:
+        searches = remedies.search(report.findings, ev, budget_s=1e-6)
+    assert searches and all(s.complete is False for s in searches)
+    for s in searches:
+        p = s.finding.predicted
+        assert p["complete"] is False and p["error"].startswith("replaying ")
+        assert "did not fit the search's budget of 1e-06 s" in p["error"]
+        assert s.finding.remedy is None or s.finding.remedy.checked is False
+

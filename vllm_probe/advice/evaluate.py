@@ -152,6 +152,10 @@ class Evaluator:
         stretch: the :class:`~vllm_probe.sim.cut.Stretch` of the recording this evaluator
             replays (:meth:`cut`); None: the whole run.
         parent: the whole run's evaluator of a stretch's (None: this is the whole run's).
+        deadline: ``time.monotonic()`` after which replays stop (a replay still running is
+            stopped: its :class:`Evaluation` has an ``error`` starting with
+            :data:`vllm_probe.sim.replay.TIME_LIMIT_STOP`); a stretch's evaluator follows
+            its parent's. None: no limit.
 
     Raises:
         ProfileRefused: ``profile`` unreadable, or another engine's without ``force``.
@@ -176,6 +180,7 @@ class Evaluator:
         self.requests = tuple(requests)
         self.stretch: Any = None
         self.parent: Evaluator | None = None
+        self.deadline: float | None = None
         self._options = {"jobs": jobs, "ray_address": ray_address, "profile": profile, "force": force}
         self._cuts: dict[tuple[int, int], Evaluator] = {}
         self._tmp = None
@@ -197,6 +202,8 @@ class Evaluator:
         self.model = self.step_time_model.model
         self.notes = _notes(self.workload) + self.step_time_model.notes
         self.recorded = _summary(self.run_dir)
+        self._count = 0
+        self._tasks([{}])  # vLLM's checks import its config modules (seconds, once): not in a search's budget
         self._count = 0
         self.replays = 0
         self.recorded_figures = measure(self.run_dir, ALL_FIGURES, summary=self.recorded)
@@ -248,6 +255,13 @@ class Evaluator:
             self._cuts[key] = child
         return self._cuts[key]
 
+    def _time_limit(self) -> float | None:
+        """Seconds left before the deadline (this evaluator's, else its parent's); None: none."""
+        e: Evaluator | None = self
+        while e is not None and e.deadline is None:
+            e = e.parent
+        return None if e is None or e.deadline is None else max(0.0, e.deadline - time.monotonic())
+
     def _tasks(self, points: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
         from ..sim.engine_args import SettingError
         from ..sim.whatif import _plan, _slug, _Task, _text
@@ -274,6 +288,9 @@ class Evaluator:
         subset = tuple(requests) if requests is not None else self.requests
         planned = self._tasks(points)
         runnable = [t for t, _ in planned if t is not None]
+        limit = self._time_limit()  # after planning: vLLM's checks import its config modules (seconds, once)
+        for t in runnable:
+            t.time_limit_s = limit
         args = [(t, subset, self.keep) for t in runnable]
         if self._ray is not None:
             results = self._ray_map(args)

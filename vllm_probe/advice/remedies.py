@@ -38,9 +38,13 @@ improvement, and a replay that is slower than the recording cannot pass a change
 would not beat what really ran.
 
 **Time budget** (``budget_s``, default :data:`DEFAULT_BUDGET_S`): covers the replays of
-every finding's search together (not loading vLLM, fitting the model or the baseline
-replay); when it runs out, the rounds stop and the best found so far stands, with
-``"complete": false``.
+every finding's search together, the replays at the recorded settings (of the run or of
+a stretch) included, but not loading vLLM or fitting the model. A replay still running
+when it runs out is stopped (:data:`vllm_probe.sim.replay.TIME_LIMIT_STOP`): no round
+starts after it, the best found so far stands, with ``"complete": false``; a finding
+whose baseline replay was stopped keeps its arithmetic, unchecked, and ``predicted``
+says how long one replay would take. So doctor returns within about the budget on any
+recording.
 
 **The stretch a finding needs** (:mod:`vllm_probe.sim.cut`): when everything a goal
 counts (its requests, the run's preemptions, the held-slot steps) lies between two idle
@@ -315,18 +319,44 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
         searches.append(s)
     for s in searches:
         ev = s.evaluator = _evaluator_for(s, evaluator, whole_run)
+        evaluator.deadline = deadline  # replays still running at the deadline are stopped
         try:
-            began = time.monotonic()
-            _measure_reference(s, ev)  # the baseline replay: not counted against the budget
-            deadline += time.monotonic() - began
+            _measure_reference(s, ev)
             _search_one(s, ev, recorded, deadline, progress)
         except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
-            s.finding.predicted = {"error": f"the replay cannot run ({e}); the remedy is the arithmetic, unchecked"}
+            s.complete = not _stopped(str(e))
+            s.finding.predicted = {"error": _baseline_failed(str(e), ev, budget_s), "complete": s.complete}
             if s.finding.remedy is not None and not isinstance(s.finding.remedy, CheckedRemedy):
                 s.finding.remedy = _unchecked(s.finding.remedy)
             continue
+        finally:
+            evaluator.deadline = None
         _conclude(s, ev, recorded)
     return searches
+
+
+def _stopped(error: str | None) -> bool:
+    """Whether a replay's error is its time limit (the search's budget), not a failure."""
+    from ..sim.replay import TIME_LIMIT_STOP
+
+    return bool(error) and TIME_LIMIT_STOP in str(error)
+
+
+def _baseline_failed(error: str, evaluator: Evaluator, budget_s: float) -> str:
+    """One line: why the replay at the recorded settings gave nothing; for the budget, how
+    long one replay of this run (or stretch) would take at the rate reached."""
+    import re
+
+    if not _stopped(error):
+        return f"the replay cannot run ({error}); the remedy is the arithmetic, unchecked"
+    total = evaluator.workload.last_step + 1
+    m = re.search(r"after (\d+) s, at step ([\d,]+)", error)
+    done, secs = (int(m[2].replace(",", "")), int(m[1])) if m else (0, 0)
+    what = (f"steps {evaluator.stretch.first_step:,}-{evaluator.stretch.last_step:,}" if evaluator.stretch is not None
+            else "the whole run")
+    est = f" (reached step {done:,} of {total:,}: about {secs * total / done:,.0f} s per replay)" if done else ""
+    return (f"replaying {what} at the recorded settings did not fit the search's budget of {budget_s:g} s{est}; "
+            "the remedy is the arithmetic, unchecked; --budget S searches longer")
 
 
 def _references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | None, Evaluation]:
@@ -430,11 +460,18 @@ def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded
             wider = _wider(where, ev) if i < WIDEN_MAX else where.parent
             if wider is None:
                 break
-            where = wider
-            ev = where.evaluate([p], requests=s.goal.requests)[0]
+            try:
+                wider_ev = wider.evaluate([p], requests=s.goal.requests)[0]
+                _references(s, wider)  # its baseline, replayed once
+            except EvaluateError:  # the wider stretch's baseline did not fit the budget
+                break
+            where, ev = wider, wider_ev
         value = _figure(ev, s.goal) if ev.ok else None
         spilled = ev.ok and _spilled(where, ev)
-        met = (None if spilled else _met(s, value, where)) if ev.ok else False
+        stopped = _stopped(ev.error)
+        if stopped:
+            s.complete = False
+        met = (None if spilled else _met(s, value, where)) if ev.ok else (None if stopped else False)
         far = False
         if met and value is not None:  # the extrapolated seconds, counted double, must still reach it
             met = _met(s, judged(s.goal.figure, value, ev.extrapolated_share,

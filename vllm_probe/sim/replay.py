@@ -60,10 +60,15 @@ STOP_TOKEN = 9
 #: Consecutive steps that schedule nothing, with nothing left to arrive, before the
 #: replay gives up (a request that can never be admitted).
 STUCK_STEPS = 10_000
+#: Steps between two looks at the clock when the replay has a time limit.
+CLOCK_EVERY = 256
+#: The start of a :class:`ReplayError`'s message when the replay hit its time limit.
+TIME_LIMIT_STOP = "stopped at its time limit"
 
 
 class ReplayError(RuntimeError):
-    """The replay cannot go on (a request that never fits); one line."""
+    """The replay cannot go on (a request that never fits, or its time limit: the message
+    then starts with :data:`TIME_LIMIT_STOP`); one line."""
 
 
 class VirtualClock:
@@ -235,6 +240,7 @@ def replay(
     config_overlay: dict[str, Any] | None = None,
     max_steps: int | None = None,
     closed: tuple[int, float] | None = None,
+    time_limit_s: float | None = None,
 ) -> ReplayStats:
     """Replay ``w`` on the scheduler ``spec`` describes, the probe writing to ``sink``.
 
@@ -252,9 +258,12 @@ def replay(
         closed: ``(N, think_s)``: a closed-loop client (:mod:`vllm_probe.sim.arrivals`):
             the first ``N`` requests arrive as recorded, each later one ``think_s`` after
             a request finishes in the replay (in recorded order; no request is anchored).
+        time_limit_s: stop after this many wall seconds (looked at every
+            :data:`CLOCK_EVERY` steps; None: no limit).
 
     Raises:
-        ReplayError: the scheduler stopped making progress (a request that never fits).
+        ReplayError: the scheduler stopped making progress (a request that never fits), or
+            ``time_limit_s`` ran out (``"stopped at its time limit after S s, at step N"``).
         ImportError: vLLM is not installed.
     """
     import vllm
@@ -281,7 +290,7 @@ def replay(
             raise ReplayError("vLLM's Scheduler is patched by another copy of vllm-probe in this process")
         sched = make_scheduler(spec, scheduler_cls)
         return _loop(w, sched, step_time, clock, mode, w.lag_s() if lag_s is None else lag_s,
-                     _request_factory(w, spec, prompts), depth, max_steps, RequestStatus, closed)
+                     _request_factory(w, spec, prompts), depth, max_steps, RequestStatus, closed, time_limit_s)
     finally:
         patches.uninstall(Scheduler)
         if previous is not None:
@@ -290,7 +299,7 @@ def replay(
 
 def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mode: str, lag_s: float,
           make: Callable, depth: int, max_steps: int | None, status: Any,
-          closed: tuple[int, float] | None = None) -> ReplayStats:
+          closed: tuple[int, float] | None = None, time_limit_s: float | None = None) -> ReplayStats:
     t0 = w.t0
     reqs = w.requests
     if max_steps is None:
@@ -330,6 +339,8 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
     idle_steps = 0
     wall0, cpu0 = time.perf_counter(), time.thread_time()
     while step < max_steps:
+        if time_limit_s is not None and step % CLOCK_EVERY == 0 and time.perf_counter() - wall0 > time_limit_s:
+            raise ReplayError(f"{TIME_LIMIT_STOP} after {time.perf_counter() - wall0:.0f} s, at step {step:,}")
         due = []
         while j < len(anchored) and anchored[j].add_before_step <= step:
             due.append(anchored[j])

@@ -492,6 +492,7 @@ class _Task:
     source: str
     command: list[str]
     closed: tuple[int, float] | None = None
+    time_limit_s: float | None = None
 
 
 def _run_all(tasks: list[_Task], jobs: int) -> list[ConfigResult]:
@@ -540,7 +541,7 @@ def _replay_into(task: _Task, run_dir: Path) -> None:
     task.model.reset_counts()
     try:
         stats = replay(task.workload, task.spec, task.model.predict, sink, mode=task.mode, config_overlay=overlay,
-                       closed=task.closed)
+                       closed=task.closed, time_limit_s=task.time_limit_s)
     finally:
         sink.close()
     if sink.dropped:
