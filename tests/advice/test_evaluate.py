@@ -61,3 +61,20 @@ def test_ray_tasks_give_the_same_results(run, in_process):
             assert _figures(ev.evaluate(POINTS)) == in_process[0]
     finally:
         ray.shutdown()
+
+
+@requires_vllm
+def test_a_closed_loop_client_is_replayed_per_finish_as_whatif_does(tmp_path):
+    """A run recorded from a closed-loop client (4 in flight, 5 ms think time): the
+    evaluator detects it as whatif does, and its baseline equals whatif's baseline replay
+    (steps and TTFT p90 exactly: the same arrivals, model and scheduler)."""
+    from tests.sim.test_arrivals_drift import closed_run
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.sim.whatif import predict
+
+    run = closed_run(tmp_path)
+    with Evaluator(run) as ev:
+        assert (ev.arrivals.kind, ev.arrivals.concurrency) == ("closed", 4)
+        base = ev.baseline.summary
+    w = predict(run, [], out=tmp_path / "whatif").baseline.summary
+    assert (base.steps, base.latency.ttft_s.p90) == (w.steps, w.latency.ttft_s.p90)

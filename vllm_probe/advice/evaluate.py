@@ -146,6 +146,8 @@ class Evaluator:
     Attributes:
         step_time_model: the :class:`~vllm_probe.sim.whatif.StepTimeChoice` every replay
             uses (the model, its source, the profile's path, the forced note).
+        arrivals: the :class:`~vllm_probe.sim.arrivals.Arrivals` every replay uses, as
+            ``whatif``'s default detects them (a closed-loop client replays per finish).
         baseline: the replay at the recorded settings (replayed on first use).
         error: the baseline's relative errors against the recording
             (:func:`vllm_probe.analysis.compare.relative_errors`; on first use).
@@ -167,7 +169,9 @@ class Evaluator:
                  out: str | Path | None = None, requests: Iterable[str] = (), keep: bool | None = None,
                  profile: Any = None, force: bool = False, lazy: bool = False) -> None:
         from ..analysis.workload import WorkloadError, load_workload
-        from ..sim.whatif import WhatifError, _notes, _summary, quiet_vllm, require_vllm, step_time_model
+        from ..sim import arrivals as arrival_models
+        from ..sim.whatif import (WhatifError, _notes, _summary, _unanchored, quiet_vllm, require_vllm,
+                                  step_time_model)
         from ..sim.whatif import ProfileRefused as Refused
 
         try:
@@ -192,6 +196,10 @@ class Evaluator:
         self._ray: Any = None
         try:
             self.workload = load_workload(self.run_dir)
+            # the arrivals whatif replays by default: a detected closed-loop client replays per finish
+            self.arrivals = arrival_models.resolve(self.workload, None)
+            if self.arrivals.kind == "closed":
+                self.workload = _unanchored(self.workload)
             self.step_time_model = step_time_model(self.run_dir, self.workload, profile, force)
         except Refused as e:
             raise ProfileRefused(str(e)) from None
@@ -200,7 +208,7 @@ class Evaluator:
         if ray_address:  # after the profile's check: a refused profile starts no cluster
             self._ray = _connect_ray(ray_address)
         self.model = self.step_time_model.model
-        self.notes = _notes(self.workload) + self.step_time_model.notes
+        self.notes = _notes(self.workload) + self.step_time_model.notes + [self.arrivals.describe()]
         self.recorded = _summary(self.run_dir)
         self._count = 0
         self._tasks([{}])  # vLLM's checks import its config modules (seconds, once): not in a search's budget
@@ -278,7 +286,7 @@ class Evaluator:
             command = ["vllm-probe", "whatif", str(self.run_dir)] + [
                 a for k, v in overrides.items() for a in ("--set", f"{k}={_text(v)}")]
             out.append((_Task(self.workload, self.model, overrides, settings, spec, self.out / name, "timed",
-                              str(self.run_dir), command), dict(point)))
+                              str(self.run_dir), command, self.arrivals.closed), dict(point)))
         return out
 
     def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None) -> list[Evaluation]:
