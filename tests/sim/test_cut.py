@@ -171,3 +171,43 @@ def test_a_budget_too_small_for_the_baseline_leaves_the_arithmetic_unchecked(bur
         assert "did not fit the search's budget of 1e-06 s" in p["error"]
         assert s.finding.remedy is None or s.finding.remedy.checked is False
 
+
+
+def test_the_requests_that_waited_in_steps():
+    """r0 starts at once; r1 waits steps 0-2, r2 5-8, r3 step 10 (added before step 10, first
+    chunk at 11): in steps 2-6 r1 and r2 waited; in 9-20 only r3; without chunk events the
+    first scheduled step is unknown: none."""
+    from vllm_probe.analysis.workload import ChunkRow
+
+    reqs = [_req(0, 0, 4, 0.0), _req(1, 0, 6, 0.0), _req(2, 5, 10, 1.0), _req(3, 10, 12, 2.0)]
+    chunks = [ChunkRow(0, 0, 0, 0, 16, True, False), ChunkRow(3, 1, 0, 0, 8, False, False),
+              ChunkRow(4, 1, 1, 8, 16, True, False), ChunkRow(9, 2, 0, 0, 16, True, False),
+              ChunkRow(11, 3, 0, 0, 16, True, False)]
+    w = Workload("hand-made", {}, reqs, chunks=chunks, last_step=12)
+    assert w.waited_in(2, 6) == ("r1", "r2")
+    assert w.waited_in(9, 20) == ("r3",)
+    w.chunk_events = False
+    assert w.waited_in(2, 6) == ()
+
+
+@requires_vllm
+def test_a_limits_goal_is_over_the_requests_that_waited_and_searched_on_their_stretch(bursts):
+    """kv-bound's goal is queue p90 over the requests that waited in its steps (the storm's,
+    not the light bursts'), so it is searched on the storm's stretch; its remedy's
+    prediction is over those requests."""
+    from vllm_probe.advice import remedies
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.analysis.doctor import examine
+    from vllm_probe.analysis.objectives import measure
+
+    report = examine(bursts)
+    kv = next(f for f in report.findings if f.id == "kv-bound")
+    with Evaluator(bursts, lazy=True) as ev:
+        remedies.search([kv], ev)
+        first, last = kv.evidence.step_range
+        waited = ev.workload.waited_in(first, last)
+    assert waited and all(r.startswith("S") for r in waited)  # the storm's requests only
+    p = kv.predicted
+    assert p["goal"]["requests"] == list(waited)
+    assert (p["stretch"]["first_step"], p["stretch"]["last_step"]) == (252, 620)
+    assert p["recorded"] == measure(bursts, ["queue_p90"], requests=waited)["queue_p90"]

@@ -63,6 +63,7 @@ the remedy, marked ``"checked": false``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -293,6 +294,9 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
     for f in findings:
         rule = rule_for(f.id)
         goal = rule.goal(f) if rule is not None else None
+        if goal is not None and goal.steps is not None and not goal.requests:
+            waited = evaluator.workload.waited_in(*goal.steps)  # the requests the finding is about
+            goal = dataclasses.replace(goal, requests=waited, steps=None) if waited else goal
         if rule is None or goal is None:
             if f.remedy is not None and not isinstance(f.remedy, CheckedRemedy):
                 f.remedy = _unchecked(f.remedy)
@@ -371,6 +375,8 @@ def _references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | 
             rec = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
             same = g.requests == evaluator.requests
             base = evaluator.baseline if same else evaluator.evaluate([{}], requests=g.requests)[0]
+            if base.error:  # as Evaluator.baseline raises
+                raise EvaluateError(f"the replay at the recorded settings failed: {base.error}")
         else:
             rec, base = evaluator.recorded_figures.get(g.figure), evaluator.baseline
         s.references[key] = (rec, _figure(base, g), base)

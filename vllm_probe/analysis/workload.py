@@ -153,6 +153,23 @@ class Workload:
     def has_digests(self) -> bool:
         return any(r.block_digests for r in self.requests)
 
+    def waited_in(self, first: int, last: int) -> tuple[str, ...]:
+        """Ids of the requests that were in the waiting queue after at least one of steps
+        ``first``..``last`` (added before a step of them, first scheduled after it), in
+        arrival order; () without chunk events (the first scheduled step is not known)."""
+        if not self.chunk_events:
+            return ()
+        started: dict[int, int] = {}
+        for c in self.chunks:
+            if c.step < started.get(c.order, 1 << 62):
+                started[c.order] = c.step
+        out = []
+        for r in self.requests:
+            s = started.get(r.order)
+            if s is not None and s > r.add_before_step and r.add_before_step <= last and s - 1 >= first:
+                out.append(r.req_id)
+        return tuple(out)
+
     def lag_s(self) -> float:
         """Seconds from a request's front-end stamp to the start of the first step that
         could hold it: front-end processing, IPC to the engine core and its wake-up.

@@ -55,12 +55,16 @@ class Goal:
             the recorded one (0.5: halved).
         requests: measure the figure over these request ids only (e.g. the short requests
             a head-of-line finding names); empty: every request.
+        steps: ``(first, last)`` recorded steps: measure the figure over the requests that
+            waited in them (in the waiting queue after at least one of those steps), e.g.
+            a limit's steps; resolved to ``requests`` by the remedy search. None: not used.
     """
 
     figure: str
     at_most: float | None = None
     reduce_by: float | None = None
     requests: tuple[str, ...] = ()
+    steps: tuple[int, int] | None = None
 
     def met(self, recorded: float | None, predicted: float | None) -> bool | None:
         """Whether ``predicted`` reaches the goal; None when either figure is unknown."""

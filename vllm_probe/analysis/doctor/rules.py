@@ -1056,6 +1056,17 @@ KNOB_PRIORITY = Knob("scheduling_policy", "set", lambda settings, finding: ["pri
 KNOB_ASYNC_OFF = Knob("async_scheduling", "set", lambda settings, finding: [False])
 
 
+def _bound_goal(f: Finding) -> Goal:
+    """Queue p90 30 % lower over the requests that waited in the limit's steps (the
+    requests the finding is about; over every request, a short limit in a long run is lost
+    in the others' queue times: measured on a real run of 160 light requests around an
+    8-request storm, queue p90 2.9 ms of all against seconds of the waiting ones)."""
+    e = _ev(f, BoundEvidence)
+    rng = e.step_range
+    return Goal("queue_p90", reduce_by=0.3,
+                steps=(int(rng[0]), int(rng[1])) if rng and len(rng) == 2 else None)
+
+
 def _hol_goal(f: Finding) -> Goal:
     e = _ev(f, HolEvidence)
     return Goal("ttft_p90", reduce_by=0.5, requests=tuple(b.req_id for b in e.blocked))
@@ -1204,7 +1215,7 @@ CATALOGUE: tuple[Rule, ...] = (
         BoundEvidence,
         (*BOUND_THRESHOLDS,
          Threshold("KV_FULL", KV_FULL, "share of KV blocks", SRC_SGLANG + ": token usage > 0.9 is good utilization")),
-        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        goal=_bound_goal,
         knobs=(KNOB_BLOCKS_UP, KNOB_SEQS_DOWN),
         arithmetic=kv_bound_remedy, view=view_bound, step=_bound_step),
     Rule(
@@ -1215,7 +1226,7 @@ CATALOGUE: tuple[Rule, ...] = (
         lambda ctx: bound_of(ctx, "seqs-bound"),
         BoundEvidence,
         BOUND_THRESHOLDS,
-        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        goal=_bound_goal,
         knobs=(KNOB_SEQS_UP,),
         arithmetic=seqs_remedy, view=view_bound, step=_bound_step),
     Rule(
@@ -1226,7 +1237,7 @@ CATALOGUE: tuple[Rule, ...] = (
         lambda ctx: bound_of(ctx, "budget-bound"),
         BoundEvidence,
         BOUND_THRESHOLDS,
-        goal=lambda f: Goal("queue_p90", reduce_by=0.3),
+        goal=_bound_goal,
         knobs=(KNOB_BUDGET_UP,),
         arithmetic=budget_remedy, view=view_bound, step=_bound_step,
         severity=(INFO,)),
