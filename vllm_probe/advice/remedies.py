@@ -266,13 +266,18 @@ def _evaluator_for(s: Search, evaluator: Evaluator, whole_run: bool) -> Evaluato
     if whole_run:
         return evaluator
     span = goal_steps(s.goal, s.finding, evaluator.workload)
-    stretch = stretch_for(evaluator.workload, *span) if span is not None else None
+    return _cut_or_whole(evaluator, stretch_for(evaluator.workload, *span) if span is not None else None)
+
+
+def _cut_or_whole(whole: Evaluator, stretch: Any) -> Evaluator:
+    """``whole``'s evaluator of ``stretch``; ``whole`` itself when there is no stretch or it
+    cannot be cut out (a disk error, a stretch the replay cannot take)."""
     if stretch is None:
-        return evaluator
+        return whole
     try:
-        return evaluator.cut(stretch)
+        return whole.cut(stretch)
     except (EvaluateError, OSError):
-        return evaluator
+        return whole
 
 
 def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFAULT_BUDGET_S,
@@ -442,13 +447,7 @@ def _wider(evaluator: Evaluator, ev: Evaluation) -> Evaluator | None:
     parent = evaluator.parent
     if parent is None or evaluator.stretch is None or ev.virtual_s is None:
         return None
-    wider = widen(parent.workload, evaluator.stretch, ev.virtual_s)
-    if wider is None:
-        return parent
-    try:
-        return parent.cut(wider)
-    except (EvaluateError, OSError):
-        return parent
+    return _cut_or_whole(parent, widen(parent.workload, evaluator.stretch, ev.virtual_s))
 
 
 #: Widenings of one point's stretch before it is replayed on the whole run.
