@@ -232,5 +232,9 @@ def test_doctor_whatif_predicts_each_remedy_by_a_real_replay(quick_run, tmp_path
     # the search starts from: 8 requests × 8 blocks + 1
     kv = findings["kv-bound"]
     assert kv["remedy"]["began_at"]["whatif"] == {"num_kv_blocks": 65}
-    q = kv["predicted"]["figures"]["queue_p90"]
+    # its goal is over the requests that waited in the limit's steps: the figure is labelled with their count
+    waited = kv["predicted"]["goal"]["requests"]
+    assert waited
+    q = kv["predicted"]["figures"][f"queue_p90 ({len(waited)} requests)"]
     assert q["predicted"] <= 0.7 * kv["predicted"]["baseline"] and q["predicted"] < q["recorded"]
+    assert q["recorded"] == measure(quick_run, ["queue_p90"], requests=waited)["queue_p90"]
