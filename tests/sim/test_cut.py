@@ -19,7 +19,10 @@ def _req(order, add, finish, t, digests=None):
 
 
 def _hand(reqs, last_step, prefix=False):
-    return Workload("hand-made", {"enable_prefix_caching": prefix}, reqs, last_step=last_step)
+    from vllm_probe.analysis.workload import StepRow
+
+    steps = [StepRow(s, 0.0, 0.0, 0.0, 16, 0) for s in range(last_step + 1)]
+    return Workload("hand-made", {"enable_prefix_caching": prefix}, reqs, steps=steps, last_step=last_step)
 
 
 def test_idle_boundaries_are_where_every_earlier_request_had_finished():
@@ -211,3 +214,13 @@ def test_a_limits_goal_is_over_the_requests_that_waited_and_searched_on_their_st
     assert p["goal"]["requests"] == list(waited)
     assert (p["stretch"]["first_step"], p["stretch"]["last_step"]) == (252, 620)
     assert p["recorded"] == measure(bursts, ["queue_p90"], requests=waited)["queue_p90"]
+
+
+def test_no_stretch_when_the_recording_lost_its_start():
+    """Retention removed the first segments (the first step recorded is 4): requests added
+    before are unknown, so no moment can be called idle."""
+    reqs = [_req(0, 0, 3, 0.0), _req(1, 2, 5, 0.1), _req(2, 6, 8, 5.0), _req(3, 9, 10, 9.0)]
+    w = _hand(reqs, 10)
+    assert stretch_for(w, 7, 7) is not None
+    w.steps = w.steps[4:]
+    assert stretch_for(w, 7, 7) is None

@@ -98,7 +98,11 @@ def idle_boundaries(w: Workload) -> list[int]:
 def stretch_for(w: Workload, first: int, last: int, max_share: float = CUT_MAX_SHARE) -> Stretch | None:
     """The shortest exact stretch holding recorded steps ``first``..``last``; None when it
     would hold more than ``max_share`` of the run's steps (the whole run is replayed then),
-    or when the run has no idle boundary around them."""
+    when the run has no idle boundary around them, or when the recording does not start at
+    the engine core's first step (retention removed its first segments: requests added
+    before are unknown, so an idle moment cannot be told)."""
+    if not w.steps or w.steps[0].step != 0:
+        return None
     total = w.last_step + 1
     bounds = idle_boundaries(w)
     starts = [b for b in bounds if b <= first]
