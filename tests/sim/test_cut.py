@@ -22,7 +22,7 @@ def _hand(reqs, last_step, prefix=False):
     from vllm_probe.analysis.workload import StepRow
 
     steps = [StepRow(s, 0.0, 0.0, 0.0, 16, 0) for s in range(last_step + 1)]
-    return Workload("hand-made", {"enable_prefix_caching": prefix}, reqs, steps=steps, last_step=last_step)
+    return Workload("hand-made", {"prefix_caching": prefix}, reqs, steps=steps, last_step=last_step)
 
 
 def test_idle_boundaries_are_where_every_earlier_request_had_finished():
@@ -100,10 +100,11 @@ def bursts(tmp_path_factory):
 
 @requires_vllm
 def test_the_cut_replays_its_stretch_step_for_step(bursts, tmp_path):
-    """The storm's preemptions (steps 254-517) lie in the idle-bounded stretch 252-620; cut
-    out, it holds the 16 storm requests, its steps count from 0, its 17 preemptions are the
-    recording's shifted by 252, and its baseline replay schedules exactly the recorded
-    tokens of each of those 369 steps (the whole run's replay is not needed)."""
+    """The storm's preemptions (steps 254-517) lie in the idle-bounded stretch 252-621 (621:
+    the engine core's empty step after the last finish); cut out, it holds the 16 storm
+    requests, its steps count from 0, its 17 preemptions are the recording's shifted by
+    252, and its baseline replay schedules exactly the recorded tokens of each of those 370
+    steps, no more and no fewer (the whole run's replay is not needed)."""
     from vllm_probe.advice.evaluate import Evaluator
     from vllm_probe.analysis.workload import load_workload
     from vllm_probe.sim.cut import write_cut
@@ -112,19 +113,20 @@ def test_the_cut_replays_its_stretch_step_for_step(bursts, tmp_path):
     assert idle_boundaries(w) == [0, 251, 252, 621, 622, 873, 874]
     ps = [p.step for p in w.preempts]
     st = stretch_for(w, min(ps), max(ps))
-    assert (st.first_step, st.last_step, st.requests, st.total_steps) == (252, 620, 16, 874)
+    assert (st.first_step, st.last_step, st.requests, st.total_steps) == (252, 621, 16, 874)
     assert st.horizon_s == pytest.approx(2.0)
     cut = load_workload(write_cut(bursts, st, tmp_path / "cut"))
     assert [r.req_id for r in cut.requests] == [f"S{i}" for i in range(16)]
-    assert (cut.steps[0].step, cut.last_step) == (0, 368)
+    assert (cut.steps[0].step, cut.last_step) == (0, 369)
     assert [(p.step, p.discarded_tokens) for p in cut.preempts] == [(p.step - 252, p.discarded_tokens)
                                                                     for p in w.preempts]
-    recorded = [s.scheduled_tokens for s in w.steps if 252 <= s.step <= 620]
+    recorded = [s.scheduled_tokens for s in w.steps if 252 <= s.step <= 621]
     with Evaluator(bursts, lazy=True, out=tmp_path / "ev") as ev:
         base = ev.cut(st).baseline
         replayed = [s.scheduled_tokens for s in load_workload(base.run_dir).steps]
-    assert replayed[:369] == recorded and len(recorded) == 369
+    assert replayed == recorded and len(recorded) == 370
     assert base.figures["preemptions"] == 17.0
+    assert ev.cut(st).error["figures"]["steps"]["error"] == 0.0
 
 
 @requires_vllm
@@ -132,7 +134,7 @@ def test_doctor_searches_the_storm_on_its_stretch_and_widens_what_runs_past_it(b
     """The storm's remedy search on its stretch tries the same changes, predicts the same
     preemptions and picks the same remedy as on the whole run; max_num_seqs 2 runs the
     storm past the next arrival (2 s later), so it is replayed again on the stretch that
-    includes it (steps 252-872) before it is judged."""
+    includes it (steps 252-873) before it is judged."""
     from vllm_probe.advice import remedies
     from vllm_probe.advice.evaluate import Evaluator
     from vllm_probe.analysis.doctor import examine
@@ -145,15 +147,15 @@ def test_doctor_searches_the_storm_on_its_stretch_and_widens_what_runs_past_it(b
 
     whole, cut = storm(True), storm(False)
     assert "stretch" not in whole.predicted
-    assert cut.predicted["stretch"] == {"first_step": 252, "last_step": 620, "steps": 369, "of_steps": 874,
+    assert cut.predicted["stretch"] == {"first_step": 252, "last_step": 621, "steps": 370, "of_steps": 874,
                                         "requests": 16, "horizon_s": pytest.approx(2.0)}
     assert [(t["settings"], t["predicted"], t["met"]) for t in cut.predicted["tried"]] == [
         (t["settings"], t["predicted"], t["met"]) for t in whole.predicted["tried"]]
     assert cut.remedy.whatif == whole.remedy.whatif
     seqs2 = next(t for t in cut.predicted["tried"] if t["settings"] == {"max_num_seqs": 2})
     assert (seqs2["predicted"], seqs2["met"]) == (0.0, True)
-    assert (seqs2["replayed_on"]["first_step"], seqs2["replayed_on"]["last_step"]) == (252, 872)
-    assert "on steps 252-620 of 874" in cut.remedy.arithmetic
+    assert (seqs2["replayed_on"]["first_step"], seqs2["replayed_on"]["last_step"]) == (252, 873)
+    assert "on steps 252-621 of 874" in cut.remedy.arithmetic
 
 
 @requires_vllm
@@ -212,7 +214,7 @@ def test_a_limits_goal_is_over_the_requests_that_waited_and_searched_on_their_st
     assert waited and all(r.startswith("S") for r in waited)  # the storm's requests only
     p = kv.predicted
     assert p["goal"]["requests"] == list(waited)
-    assert (p["stretch"]["first_step"], p["stretch"]["last_step"]) == (252, 620)
+    assert (p["stretch"]["first_step"], p["stretch"]["last_step"]) == (252, 621)
     assert p["recorded"] == measure(bursts, ["queue_p90"], requests=waited)["queue_p90"]
 
 

@@ -109,7 +109,7 @@ def stretch_for(w: Workload, first: int, last: int, max_share: float = CUT_MAX_S
     ends = [b for b in bounds if b > last]
     if not starts or not ends:
         return None
-    end = ends[0]
+    end = _past_empty_steps(w, ends[0], set(bounds))
     start = _prefix_exact_start(w, starts, end)
     if start is None or (end - start) > max_share * total:
         return None
@@ -143,10 +143,21 @@ def widen(w: Workload, stretch: Stretch, until_s: float) -> Stretch | None:
     return None
 
 
+def _past_empty_steps(w: Workload, end: int, bounds: set[int]) -> int:
+    """``end`` moved past the steps that schedule nothing right after it: the engine core
+    runs one more step after a stretch's last request finishes (0 tokens, its ``finished``
+    list), and the replay of the stretch runs it too, so the cut keeps it (measured on the
+    hand-made bursts: without it the cut's baseline had one step more than the stretch)."""
+    tokens = {s.step: s.scheduled_tokens for s in w.steps}
+    while end <= w.last_step and tokens.get(end) == 0 and end + 1 in bounds:
+        end += 1
+    return end
+
+
 def _prefix_exact_start(w: Workload, starts: list[int], end: int) -> int | None:
     """The latest of ``starts`` before which no request shares a block digest with the
     requests from it to ``end`` (prefix caching on and digests recorded); else the latest."""
-    if not w.config.get("enable_prefix_caching") or not w.has_digests:
+    if not w.config.get("prefix_caching") or not w.has_digests:  # engine_config's field (schema/events.py)
         return starts[-1]
     for start in list(reversed(starts))[:PREFIX_WALK_MAX]:
         inside = {d for r in w.requests if start <= r.add_before_step < end for d in (r.block_digests or ())}
