@@ -151,10 +151,30 @@ def test_a_single_knob_that_works_means_no_pair_is_tried():
 
 
 def test_the_time_budget_stops_the_search_and_says_so():
+    """No round fits the budget: the search is incomplete, and the rule's arithmetic (177
+    blocks), which no replay tried, stays as the remedy marked unchecked; the view says the
+    budget stopped it."""
+    from vllm_probe.tui.doctor_view import unmet_goal_text
+
     ev = FakeEvaluator(lambda p: 20)
     f = storm()
     (s,) = remedies.search([f], ev, budget_s=0)
-    assert ev.points == [] and s.complete is False and f.remedy is None and f.predicted["complete"] is False
+    assert ev.points == [] and s.complete is False and f.predicted["complete"] is False
+    assert (f.remedy.whatif, f.remedy.checked) == ({"num_kv_blocks": 177}, False)
+    assert unmet_goal_text(f.predicted).startswith("the search stopped at its --budget after 0 replayed change(s)")
+
+
+def test_a_stopped_search_drops_an_arithmetic_its_replay_tried_and_failed(monkeypatch):
+    """The arithmetic's value was replayed (20 preemptions still) before the budget ran
+    out: no remedy, not the failed arithmetic."""
+    ev = FakeEvaluator(lambda p: 20)
+    f = storm()
+    f.remedy.whatif = {"max_num_seqs": 12}  # the first value the search replays
+    clock = iter([0.0, 0.0] + [1e9] * 100)  # the deadline, the first round, then past the deadline
+    monkeypatch.setattr(remedies, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    (s,) = remedies.search([f], ev, budget_s=1.0)
+    assert s.complete is False and {"max_num_seqs": 12} in [t["settings"] for t in f.predicted["tried"]]
+    assert f.remedy is None
 
 
 def test_bounds_release_platform_and_budget():

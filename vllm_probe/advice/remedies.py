@@ -610,7 +610,9 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
         far = [t.to_dict() for t in s.tried if t.extrapolated]
         if far:  # the replay says they would reach it, priced outside what the model was fitted on
             record["extrapolated"] = far
-        f.remedy = None
+        untried = f.remedy is not None and all(t.overrides != f.remedy.whatif for t in s.tried)
+        # a search the budget stopped keeps the arithmetic (unchecked) unless the replay tried it and it failed
+        f.remedy = _unchecked_remedy(f.remedy) if not s.complete and untried else None
         f.predicted = record
         return
     top, rest = good[0], good[1:]
@@ -668,6 +670,15 @@ def _baseline_error(evaluator: Evaluator) -> dict[str, Any]:
     rows = e.get("figures", {})
     return {"within": bool(e.get("within")), "figures": {k: r.get("error") for k, r in rows.items()},
             "off": [k for k, r in rows.items() if not r.get("within")]}
+
+
+def _unchecked_remedy(r: Remedy | None) -> CheckedRemedy | None:
+    """``r`` marked unchecked (None stays None; an unchecked one is kept as it is)."""
+    if r is None:
+        return None
+    if isinstance(r, CheckedRemedy) and not r.checked:
+        return r
+    return _unchecked(r)
 
 
 def _unchecked(r: Remedy) -> CheckedRemedy:

@@ -35,6 +35,9 @@ def unmet_goal_text(p: dict) -> str:
     """Why a replayed remedy falls short of its finding's goal (``predicted["goal"]``)."""
     goal = p.get("goal") or {}
     name, target = goal.get("figure", ""), goal.get("target")
+    if p.get("complete") is False:
+        return (f"the search stopped at its --budget after {len(p.get('tried') or [])} replayed change(s), none "
+                "reaching the goal yet; --budget S searches longer")
     far = p.get("extrapolated")
     if far:
         shown = ", ".join(",".join(f"{k}={v}" for k, v in t["settings"].items()) for t in far)
