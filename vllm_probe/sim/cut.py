@@ -27,6 +27,7 @@ step), which every reading command and the replay take as they take a recording.
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,14 +128,16 @@ def widen(w: Workload, stretch: Stretch, until_s: float) -> Stretch | None:
     ``stretch`` ran that long: :attr:`Stretch.horizon_s` exceeded); None when that is the
     whole run (replay it whole)."""
     t0 = min(r.stamp for r in w.requests if stretch.first_step <= r.add_before_step <= stretch.last_step)
-    firsts: dict[int, float] = {}  # add step -> earliest arrival stamp added then
-    for r in w.requests:
-        firsts[r.add_before_step] = min(firsts.get(r.add_before_step, r.stamp), r.stamp)
+    by_step = sorted((r.add_before_step, r.stamp) for r in w.requests)
+    steps = [s for s, _ in by_step]
+    earliest = [ts for _, ts in by_step]  # becomes: the earliest stamp from each index on
+    for i in range(len(earliest) - 2, -1, -1):
+        earliest[i] = min(earliest[i], earliest[i + 1])
     for end in idle_boundaries(w):
         if end <= stretch.last_step + 1:
             continue
-        later = [ts for step, ts in firsts.items() if step >= end]
-        if later and min(later) - t0 <= until_s:
+        i = bisect.bisect_left(steps, end)  # the first request added at or after the boundary
+        if i < len(steps) and earliest[i] - t0 <= until_s:
             continue
         wider = stretch_for(w, stretch.first_step, end - 1, max_share=1.0)
         if wider is None or (wider.first_step == 0 and wider.last_step >= w.last_step):
