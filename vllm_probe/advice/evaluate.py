@@ -170,7 +170,8 @@ class Evaluator:
                  profile: Any = None, force: bool = False, lazy: bool = False) -> None:
         from ..analysis.workload import WorkloadError, load_workload
         from ..sim import arrivals as arrival_models
-        from ..sim.whatif import (WhatifError, _notes, _summary, _unanchored, quiet_vllm, require_vllm,
+        from ..sim.engine_args import SettingError
+        from ..sim.whatif import (WhatifError, _notes, _plan, _summary, _unanchored, quiet_vllm, require_vllm,
                                   step_time_model)
         from ..sim.whatif import ProfileRefused as Refused
 
@@ -211,8 +212,10 @@ class Evaluator:
         self.notes = _notes(self.workload) + self.step_time_model.notes + [self.arrivals.describe()]
         self.recorded = _summary(self.run_dir)
         self._count = 0
-        self._tasks([{}])  # vLLM's checks import its config modules (seconds, once): not in a search's budget
-        self._count = 0
+        try:  # vLLM's checks import its config modules (seconds, once): here, not in a search's budget
+            _plan(self.workload, {})
+        except SettingError:
+            pass  # the baseline's replay reports it
         self.replays = 0
         self.recorded_figures = measure(self.run_dir, ALL_FIGURES, summary=self.recorded)
         self.recorded_subset = (measure(self.run_dir, SUBSET_FIGURES, summary=self.recorded, requests=self.requests)

@@ -303,8 +303,7 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
             waited = evaluator.workload.waited_in(*goal.steps)  # the requests the finding is about
             goal = dataclasses.replace(goal, requests=waited, steps=None) if waited else goal
         if rule is None or goal is None:
-            if f.remedy is not None and not isinstance(f.remedy, CheckedRemedy):
-                f.remedy = _unchecked(f.remedy)
+            unchecked([f])
             continue
         try:
             objective(goal.figure)
@@ -326,21 +325,21 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
                 s.knobs.append(knob)
                 s.candidates[knob.setting] = values
         searches.append(s)
-    for s in searches:
-        ev = s.evaluator = _evaluator_for(s, evaluator, whole_run)
-        evaluator.deadline = deadline  # replays still running at the deadline are stopped
-        try:
-            _measure_reference(s, ev)
-            _search_one(s, ev, recorded, deadline, progress)
-        except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
-            s.complete = not _stopped(str(e))
-            s.finding.predicted = {"error": _baseline_failed(str(e), ev, budget_s), "complete": s.complete}
-            if s.finding.remedy is not None and not isinstance(s.finding.remedy, CheckedRemedy):
-                s.finding.remedy = _unchecked(s.finding.remedy)
-            continue
-        finally:
-            evaluator.deadline = None
-        _conclude(s, ev, recorded)
+    evaluator.deadline = deadline  # replays still running at the deadline are stopped
+    try:
+        for s in searches:
+            ev = s.evaluator = _evaluator_for(s, evaluator, whole_run)
+            try:
+                _measure_reference(s, ev)
+                _search_one(s, ev, recorded, deadline, progress)
+            except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
+                s.complete = not _stopped(str(e))
+                s.finding.predicted = {"error": _baseline_failed(str(e), ev, budget_s), "complete": s.complete}
+                unchecked([s.finding])
+                continue
+            _conclude(s, ev, recorded)
+    finally:
+        evaluator.deadline = None
     return searches
 
 
@@ -408,11 +407,9 @@ def reference(baseline: float | None, recorded: float | None) -> float | None:
     return min(known) if known else None
 
 
-def _met(s: Search, value: float | None, evaluator: Evaluator | None = None) -> bool | None:
-    """Whether ``value`` reaches the goal, against ``evaluator``'s references (default: the
-    search's own)."""
-    if evaluator is None:
-        return s.goal.met(reference(s.baseline, s.recorded), value)
+def _met(s: Search, value: float | None, evaluator: Evaluator) -> bool | None:
+    """Whether ``value`` reaches the goal, against ``evaluator``'s references (the search's
+    evaluator's, or the wider stretch's a point was replayed on)."""
     recorded_value, baseline_value, _ = _references(s, evaluator)
     return s.goal.met(reference(baseline_value, recorded_value), value)
 

@@ -549,7 +549,7 @@ def _replay_into(task: _Task, run_dir: Path) -> None:
     replay_info = {"steps": stats.steps, "wall_s": stats.wall_s, "cpu_s": stats.cpu_s,
                    "virtual_s": stats.virtual_s, "steps_per_cpu_s": stats.steps_per_cpu_s,
                    "outside_region": task.model.outside_share,
-                   "extrapolated_share": getattr(task.model, "extrapolated_share", None)}
+                   "extrapolated_share": task.model.extrapolated_share}
     write_meta(run_dir, {
         "probe_version": __version__,
         "simulated": True,
