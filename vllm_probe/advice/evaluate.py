@@ -38,6 +38,16 @@ class EvaluateError(Exception):
     replayable); the message is one line."""
 
 
+class BaselineStopped(EvaluateError):
+    """The replay at the recorded settings ran past the search's deadline: ``step`` steps
+    replayed in ``elapsed_s`` wall seconds."""
+
+    def __init__(self, message: str, step: int, elapsed_s: float) -> None:
+        super().__init__(message)
+        self.step = step
+        self.elapsed_s = elapsed_s
+
+
 class ProfileRefused(EvaluateError):
     """The ``profile`` given cannot be used: unreadable, or measured on another model,
     vLLM release or hardware than the recording without ``force`` (the message is
@@ -62,6 +72,8 @@ class Evaluation:
             step-time model was fitted on (None: not replayed, or no region known).
         virtual_s: the replay's simulated seconds, from the workload's first arrival to
             the end of its last step (None: not replayed).
+        stopped_at: ``(step, elapsed_s)`` when the replay was stopped at its time limit
+            (:class:`vllm_probe.sim.replay.ReplayTimeLimit`; ``error`` says so too).
         extrapolated_share: share (0..1) of the replay's predicted seconds that comes from
             feature values beyond the fitted region
             (:attr:`vllm_probe.sim.stepmodel.StepTimeModel.extrapolated_share`; None: as
@@ -79,6 +91,7 @@ class Evaluation:
     outside_region: float | None = None
     virtual_s: float | None = None
     extrapolated_share: float | None = None
+    stopped_at: tuple[int, float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -96,12 +109,15 @@ def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation
     a worker: a forked process or a Ray task)."""
     import shutil
 
-    from ..sim.replay import ReplayError
+    from ..sim.replay import ReplayError, ReplayTimeLimit
     from ..sim.whatif import WhatifError, _run
 
     start = time.perf_counter()
     try:
         result = _run(task)
+    except ReplayTimeLimit as e:
+        return Evaluation(dict(task.overrides), dict(task.settings), error=str(e), replay_s=time.perf_counter() - start,
+                          stopped_at=(e.step, e.elapsed_s))
     except (ReplayError, WhatifError) as e:
         return Evaluation(dict(task.overrides), dict(task.settings), error=str(e).splitlines()[0],
                           replay_s=time.perf_counter() - start)
@@ -230,10 +246,7 @@ class Evaluator:
         Raises:
             EvaluateError: it failed (the run cannot be replayed).
         """
-        base = self.evaluate([{}])[0]
-        if base.error:
-            raise EvaluateError(f"the replay at the recorded settings failed: {base.error}")
-        return base
+        return raise_failed(self.evaluate([{}])[0])
 
     @functools.cached_property
     def error(self) -> dict[str, Any]:
@@ -341,6 +354,21 @@ class Evaluator:
         self.close()
 
 
+def raise_failed(base: Evaluation) -> Evaluation:
+    """``base`` (a replay at the recorded settings) when it ran.
+
+    Raises:
+        BaselineStopped: it was stopped at its time limit.
+        EvaluateError: it failed.
+    """
+    message = f"the replay at the recorded settings failed: {base.error}"
+    if base.stopped_at is not None:
+        raise BaselineStopped(message, *base.stopped_at)
+    if base.error:
+        raise EvaluateError(message)
+    return base
+
+
 def _connect_ray(address: str) -> Any:
     """``ray`` joined to ``address``; :class:`EvaluateError` when Ray is not installed or
     the cluster cannot be reached."""
@@ -356,5 +384,6 @@ def _connect_ray(address: str) -> Any:
     return ray
 
 
-__all__ = ["ALL_FIGURES", "EvaluateError", "Evaluation", "Evaluator", "ProfileRefused", "SUBSET_FIGURES"]
+__all__ = ["ALL_FIGURES", "BaselineStopped", "EvaluateError", "Evaluation", "Evaluator", "ProfileRefused",
+           "SUBSET_FIGURES", "raise_failed"]
 

@@ -74,7 +74,7 @@ from ..analysis.doctor.findings import Finding, Remedy
 from ..analysis.doctor.rule import Goal, Knob, Rule
 from ..analysis.objectives import objective
 from ..analysis.workload import Workload
-from .evaluate import EvaluateError, Evaluation, Evaluator
+from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator, raise_failed
 
 #: Default time budget of a doctor search (s of replays, every finding together).
 DEFAULT_BUDGET_S = 60.0
@@ -333,8 +333,8 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
                 _measure_reference(s, ev)
                 _search_one(s, ev, recorded, deadline, progress)
             except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
-                s.complete = not _stopped(str(e))
-                s.finding.predicted = {"error": _baseline_failed(str(e), ev, budget_s), "complete": s.complete}
+                s.complete = not isinstance(e, BaselineStopped)
+                s.finding.predicted = {"error": _baseline_failed(e, ev, budget_s), "complete": s.complete}
                 unchecked([s.finding])
                 continue
             _conclude(s, ev, recorded)
@@ -343,23 +343,13 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
     return searches
 
 
-def _stopped(error: str | None) -> bool:
-    """Whether a replay's error is its time limit (the search's budget), not a failure."""
-    from ..sim.replay import TIME_LIMIT_STOP
-
-    return bool(error) and TIME_LIMIT_STOP in str(error)
-
-
-def _baseline_failed(error: str, evaluator: Evaluator, budget_s: float) -> str:
+def _baseline_failed(error: EvaluateError, evaluator: Evaluator, budget_s: float) -> str:
     """One line: why the replay at the recorded settings gave nothing; for the budget, how
     long one replay of this run (or stretch) would take at the rate reached."""
-    import re
-
-    if not _stopped(error):
+    if not isinstance(error, BaselineStopped):
         return f"the replay cannot run ({error}); the remedy is the arithmetic, unchecked"
     total = evaluator.workload.last_step + 1
-    m = re.search(r"after (\d+) s, at step ([\d,]+)", error)
-    done, secs = (int(m[2].replace(",", "")), int(m[1])) if m else (0, 0)
+    done, secs = error.step, error.elapsed_s
     what = (f"steps {evaluator.stretch.first_step:,}-{evaluator.stretch.last_step:,}" if evaluator.stretch is not None
             else "the whole run")
     est = f" (reached step {done:,} of {total:,}: about {secs * total / done:,.0f} s per replay)" if done else ""
@@ -378,9 +368,7 @@ def _references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | 
         if g.requests:
             rec = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
             same = g.requests == evaluator.requests
-            base = evaluator.baseline if same else evaluator.evaluate([{}], requests=g.requests)[0]
-            if base.error:  # as Evaluator.baseline raises
-                raise EvaluateError(f"the replay at the recorded settings failed: {base.error}")
+            base = evaluator.baseline if same else raise_failed(evaluator.evaluate([{}], requests=g.requests)[0])
         else:
             rec, base = evaluator.recorded_figures.get(g.figure), evaluator.baseline
         s.references[key] = (rec, _figure(base, g), base)
@@ -470,7 +458,7 @@ def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded
             where, ev = wider, wider_ev
         value = _figure(ev, s.goal) if ev.ok else None
         spilled = ev.ok and _spilled(where, ev)
-        stopped = _stopped(ev.error)
+        stopped = ev.stopped_at is not None
         if stopped:
             s.complete = False
         met = (None if spilled else _met(s, value, where)) if ev.ok else (None if stopped else False)

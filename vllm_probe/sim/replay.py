@@ -67,8 +67,21 @@ TIME_LIMIT_STOP = "stopped at its time limit"
 
 
 class ReplayError(RuntimeError):
-    """The replay cannot go on (a request that never fits, or its time limit: the message
-    then starts with :data:`TIME_LIMIT_STOP`); one line."""
+    """The replay cannot go on (a request that never fits, or its time limit:
+    :class:`ReplayTimeLimit`); one line."""
+
+
+class ReplayTimeLimit(ReplayError):
+    """The replay ran past its time limit: ``step`` steps replayed in ``elapsed_s`` wall
+    seconds (the message starts with :data:`TIME_LIMIT_STOP`)."""
+
+    def __init__(self, step: int, elapsed_s: float) -> None:
+        super().__init__(f"{TIME_LIMIT_STOP} after {elapsed_s:.0f} s, at step {step:,}")
+        self.step = step
+        self.elapsed_s = elapsed_s
+
+    def __reduce__(self) -> tuple[type, tuple[int, float]]:  # pickled across worker processes
+        return type(self), (self.step, self.elapsed_s)
 
 
 class VirtualClock:
@@ -262,8 +275,8 @@ def replay(
             :data:`CLOCK_EVERY` steps; None: no limit).
 
     Raises:
-        ReplayError: the scheduler stopped making progress (a request that never fits), or
-            ``time_limit_s`` ran out (``"stopped at its time limit after S s, at step N"``).
+        ReplayError: the scheduler stopped making progress (a request that never fits).
+        ReplayTimeLimit: ``time_limit_s`` ran out.
         ImportError: vLLM is not installed.
     """
     import vllm
@@ -340,7 +353,7 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
     wall0, cpu0 = time.perf_counter(), time.thread_time()
     while step < max_steps:
         if time_limit_s is not None and step % CLOCK_EVERY == 0 and time.perf_counter() - wall0 > time_limit_s:
-            raise ReplayError(f"{TIME_LIMIT_STOP} after {time.perf_counter() - wall0:.0f} s, at step {step:,}")
+            raise ReplayTimeLimit(step, time.perf_counter() - wall0)
         due = []
         while j < len(anchored) and anchored[j].add_before_step <= step:
             due.append(anchored[j])
