@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vllm_probe.analysis.doctor.findings import known
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -83,8 +85,7 @@ def main() -> int:
     rows = {}
     for whole in (True, False):
         f, wall, replays, replay_s = search(run, whole)
-        p = f.predicted or {}
-        st = p.get("stretch")
+        st = known(f.predicted.stretch) if f.predicted is not None else None
         steps = st["steps"] if st else w.last_step + 1
         rows[whole] = f
         where = "whole run" if whole else "stretch  "
@@ -92,8 +93,8 @@ def main() -> int:
               f"(baseline included), search {wall:6.1f} s, replays {replay_s:6.1f} s; remedy "
               f"{f.remedy.whatif if f.remedy else None}"
               + (f"; stretch {st['first_step']:,}-{st['last_step']:,}" if st else ""))
-    same = [(t["settings"], t["predicted"], t["met"]) for t in rows[True].predicted["tried"]] == \
-        [(t["settings"], t["predicted"], t["met"]) for t in rows[False].predicted["tried"]]
+    same = [(t.settings, t.predicted, t.met) for t in known(rows[True].predicted.tried) or []] == \
+        [(t.settings, t.predicted, t.met) for t in known(rows[False].predicted.tried) or []]
     print(f"same changes tried with the same predictions: {same}")
     return 0
 

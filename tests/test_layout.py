@@ -149,3 +149,52 @@ def test_every_environment_variable_is_read_through_envvars():
         for line, name in _env_lookups(ast.parse(path.read_text())):
             bad.append(f"{path.relative_to(PACKAGE)}:{line} reads {name}")
     assert bad == []
+
+
+#: Modules of the doctor that several rules share (one mechanism each): a rule may take its goal,
+#: step, view, evidence and knobs from them, never its evaluate or its arithmetic.
+DOCTOR_SHARED = {"vllm_probe.analysis.doctor.limits", "vllm_probe.analysis.doctor.knobs",
+                 "vllm_probe.analysis.doctor.kv"}
+
+
+def test_each_rule_file_holds_its_whole_rule():
+    """``rules/<id>.py`` defines its ``RULE``, its evaluate and arithmetic; its goal, step,
+    view and evidence are its own or a shared module's; every threshold is a named constant
+    the file can read; the catalogue lists each file's rule once."""
+    import dataclasses
+    import importlib
+
+    from vllm_probe.analysis.doctor.rule import Rule
+    from vllm_probe.analysis.doctor.rules import CATALOGUE
+
+    defaults = {f.name: f.default for f in dataclasses.fields(Rule)}
+    files = sorted(p.stem for p in (PACKAGE / "analysis" / "doctor" / "rules").glob("*.py")
+                   if not p.stem.startswith("__"))
+    assert files == sorted(r.id.replace("-", "_") for r in CATALOGUE)
+    for rule in CATALOGUE:
+        name = f"vllm_probe.analysis.doctor.rules.{rule.id.replace('-', '_')}"
+        module = importlib.import_module(name)
+        assert module.RULE is rule, name
+        assert rule.evaluate.__module__ == name, (rule.id, "evaluate")
+        if rule.arithmetic is not defaults["arithmetic"]:
+            assert rule.arithmetic.__module__ == name, (rule.id, "arithmetic")
+        for part in ("goal", "step", "view"):
+            fn = getattr(rule, part)
+            assert fn is defaults[part] or fn.__module__ in {name, *DOCTOR_SHARED}, (rule.id, part, fn.__module__)
+        assert rule.evidence is not None and rule.evidence.__module__ in {name, *DOCTOR_SHARED}, rule.id
+        shared = [importlib.import_module(m) for m in DOCTOR_SHARED]
+        for t in rule.thresholds:
+            values = [getattr(m, t.name) for m in (module, *shared) if hasattr(m, t.name)]
+            assert values and values[0] == t.value, (rule.id, t.name)
+
+
+def test_no_module_outside_the_rules_defines_a_rule():
+    """A ``Rule(...)`` is written only in a rule's own file."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "rules" and path.parent.parent.name == "doctor":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "Rule":
+                bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert bad == []

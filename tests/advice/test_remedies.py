@@ -7,10 +7,17 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import msgspec
+
 from tests.conftest import requires_vllm
 from vllm_probe.advice import remedies
 from vllm_probe.advice.evaluate import Evaluation
 from vllm_probe.analysis.doctor.findings import Finding, Remedy
+
+
+def predicted(f: Finding) -> dict:
+    """A finding's search as ``doctor --json`` writes it (its ``predicted``)."""
+    return msgspec.to_builtins(f.predicted)
 
 
 class FakeEvaluator:
@@ -73,8 +80,8 @@ def test_the_smallest_change_that_reaches_the_goal_is_the_remedy():
     assert r.began_at == {"setting": "num_kv_blocks", "value": 177, "whatif": {"num_kv_blocks": 177},
                           "arithmetic": "the running requests needed 176 blocks"}
     assert (r.predicted["baseline"], r.predicted["predicted"]) == (20.0, 0.0)
-    assert f.predicted["resolved"] is True and len(f.predicted["tried"]) == 8
-    assert all(t["met"] is False for t in f.predicted["tried"] if "num_kv_blocks" in t["settings"])
+    assert predicted(f)["resolved"] is True and len(predicted(f)["tried"]) == 8
+    assert all(t["met"] is False for t in predicted(f)["tried"] if "num_kv_blocks" in t["settings"])
     json.dumps(f.to_dict())  # the --json shape stays serializable
 
 
@@ -101,8 +108,9 @@ def test_a_goal_is_reached_against_the_recording_too_when_the_replay_reads_highe
     f = storm()
     remedies.search([f], ev)
     assert (f.remedy.setting, f.remedy.value) == ("max_num_seqs", 8)
-    assert (f.predicted["recorded"], f.predicted["baseline"]) == (20.0, 40.0)
-    met = {t["settings"].get("max_num_seqs"): t["met"] for t in f.predicted["tried"] if "max_num_seqs" in t["settings"]}
+    assert (predicted(f)["recorded"], predicted(f)["baseline"]) == (20.0, 40.0)
+    met = {t["settings"].get("max_num_seqs"): t["met"]
+           for t in predicted(f)["tried"] if "max_num_seqs" in t["settings"]}
     assert met == {12: False, 8: True}
 
 
@@ -124,11 +132,11 @@ def test_a_remedy_whose_replay_fails_is_never_offered():
     ev = FakeEvaluator(figure)
     f = storm()
     remedies.search([f], ev)
-    assert f.remedy is None and f.predicted["resolved"] is False
+    assert f.remedy is None and predicted(f)["resolved"] is False
     # of the tie (4 and 2 both give 5), the smaller change
-    assert f.predicted["closest"] == {"settings": {"max_num_seqs": 4}, "predicted": 5.0, "met": False,
+    assert predicted(f)["closest"] == {"settings": {"max_num_seqs": 4}, "predicted": 5.0, "met": False,
                                      "outside_region": None}
-    errors = [t for t in f.predicted["tried"] if "error" in t]
+    errors = [t for t in predicted(f)["tried"] if "error" in t]
     assert errors and all(t["met"] is False and t["error"] == "vLLM: refused" for t in errors)
 
 
@@ -159,7 +167,7 @@ def test_the_time_budget_stops_the_search_and_says_so():
     ev = FakeEvaluator(lambda p: 20)
     f = storm()
     (s,) = remedies.search([f], ev, budget_s=0)
-    assert ev.points == [] and s.complete is False and f.predicted["complete"] is False
+    assert ev.points == [] and s.complete is False and predicted(f)["complete"] is False
     assert (f.remedy.whatif, f.remedy.checked) == ({"num_kv_blocks": 177}, False)
     assert unmet_goal_text(f.predicted).startswith("the search stopped at its --budget after 0 replayed change(s)")
 
@@ -173,7 +181,7 @@ def test_a_stopped_search_drops_an_arithmetic_its_replay_tried_and_failed(monkey
     clock = iter([0.0, 0.0] + [1e9] * 100)  # the deadline, the first round, then past the deadline
     monkeypatch.setattr(remedies, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     (s,) = remedies.search([f], ev, budget_s=1.0)
-    assert s.complete is False and {"max_num_seqs": 12} in [t["settings"] for t in f.predicted["tried"]]
+    assert s.complete is False and {"max_num_seqs": 12} in [t["settings"] for t in predicted(f)["tried"]]
     assert f.remedy is None
 
 
@@ -213,7 +221,7 @@ def test_the_search_on_a_real_replay_picks_the_smallest_sufficient_change(tmp_pa
     for s in searches:
         f = s.finding
         if f.remedy is None:
-            assert f.predicted["resolved"] is False
+            assert predicted(f)["resolved"] is False
             continue
         assert f.remedy.checked is True
         key, value = next(iter(f.remedy.whatif.items()))
@@ -253,7 +261,7 @@ def test_the_held_slot_remedy_is_replayed_with_async_scheduling_off(tmp_path):
     f = next(f for f in report.findings if f.id == "held-slots")
     assert (f.remedy.whatif, f.remedy.checked) == ({"async_scheduling": False}, True)
     assert (f.remedy.predicted["recorded"], f.remedy.predicted["predicted"]) == (29.0, 0.0)
-    assert [(t["settings"], t["predicted"], t["met"]) for t in f.predicted["tried"]] == [
+    assert [(t["settings"], t["predicted"], t["met"]) for t in predicted(f)["tried"]] == [
         ({"async_scheduling": False}, 0.0, True), ({"max_num_seqs": 6}, 19.0, False),
         ({"max_num_seqs": 8}, 14.0, False), ({"max_num_seqs": 12}, 9.0, False), ({"max_num_seqs": 16}, 7.0, False)]
 
@@ -294,10 +302,10 @@ def test_a_time_goal_reached_only_outside_the_fitted_region_is_not_a_remedy(monk
                         lambda p: {48: 0.36, 64: 1 / 3}.get(p.get("max_num_seqs", 16), 0.0))
     f = Finding("seqs-bound", "warning", "", {})
     remedies.search([f], ev)
-    assert f.remedy is None and f.predicted["resolved"] is False
-    assert [(t["settings"]["max_num_seqs"], t["met"], t.get("extrapolated", False)) for t in f.predicted["tried"]] == [
+    assert f.remedy is None and predicted(f)["resolved"] is False
+    assert [(t["settings"]["max_num_seqs"], t["met"], t.get("extrapolated", False)) for t in predicted(f)["tried"]] == [
         (24, False, False), (32, False, False), (48, False, False), (64, False, True)]
-    assert [t["settings"] for t in f.predicted["extrapolated"]] == [{"max_num_seqs": 64}]
+    assert [t["settings"] for t in predicted(f)["extrapolated"]] == [{"max_num_seqs": 64}]
     from vllm_probe.tui.doctor_view import unmet_goal_text
 
     assert unmet_goal_text(f.predicted).startswith("not checked: the replay reaches queue_p90's goal only at "
@@ -313,7 +321,7 @@ def test_inside_the_fitted_region_the_same_replay_is_the_remedy(monkeypatch):
     f = Finding("seqs-bound", "warning", "", {})
     remedies.search([f], ev)
     assert (f.remedy.setting, f.remedy.value, f.remedy.checked) == ("max_num_seqs", 64, True)
-    assert "extrapolated" not in f.predicted
+    assert "extrapolated" not in predicted(f)
 
 
 def test_counts_are_judged_whatever_the_region():

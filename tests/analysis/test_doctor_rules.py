@@ -8,6 +8,8 @@ import pytest
 
 from tests._events import Stream, records
 from vllm_probe.analysis.doctor import CRITICAL, INFO, WARNING, Expectation, diagnose, rules
+from vllm_probe.analysis.doctor.context import Context
+from vllm_probe.analysis.doctor.rules import stall
 from vllm_probe.analysis.episodes import Episodes, notable_moments
 from vllm_probe.analysis.state import RunState
 
@@ -367,14 +369,14 @@ def test_findings_are_worst_first_and_moments_come_from_the_same_episodes():
     assert [f.severity for f in found] == sorted((f.severity for f in found), key=(CRITICAL, WARNING, INFO).index)
     moments = notable_moments(state, ep)
     assert [(m.kind, m.first_step, m.last_step) for m in moments if m.kind == "stall"] == [("stall", 4, 53)]
-    assert rules.STALL_CRITICAL_STEPS == 50
+    assert stall.STALL_CRITICAL_STEPS == 50
 
 
 @pytest.mark.parametrize("name", [r.id for r in rules.CATALOGUE])
 def test_every_rule_is_quiet_on_an_empty_run(name):
     state = RunState()
     ep = Episodes()
-    assert rules.RULES[name].evaluate(rules.Context(state, ep)) == []
+    assert rules.RULES[name].evaluate(Context(state, ep)) == []
 
 
 def test_a_run_with_step_events_off_says_what_it_could_not_check():

@@ -14,9 +14,9 @@ from vllm_probe.analysis.doctor import FINDING_IDS, RULES, diagnose
 from vllm_probe.analysis.doctor.evidence import Evidence, field_docs
 from vllm_probe.analysis.doctor.findings import Finding
 from vllm_probe.analysis.doctor.rule import Rule
-from vllm_probe.analysis.doctor.rules import (
-    BUDGET_MAX_FACTOR, CATALOGUE, REFERENCE_BEGIN, REFERENCE_END, reference,
-)
+from vllm_probe.analysis.doctor.knobs import BUDGET_MAX_FACTOR
+from vllm_probe.analysis.doctor.reference import REFERENCE_BEGIN, REFERENCE_END, reference
+from vllm_probe.analysis.doctor.rules import CATALOGUE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
 #: The figure names goals may use (analysis/objectives.py implements them).

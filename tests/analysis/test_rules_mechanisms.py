@@ -240,7 +240,7 @@ def _waits(wait_steps: int, dt: float, reason: str = "deferred") -> Stream:
 
 def _report(s: Stream):
     from vllm_probe.analysis.doctor.context import Context
-    from vllm_probe.analysis.doctor.rules import all_clear
+    from vllm_probe.analysis.doctor import all_clear
 
     ep = Episodes()
     state = RunState(listener=ep).apply_all(s.records)

@@ -4,15 +4,16 @@ helped by 48, 32 or 16; the thrash scenario's storm got no remedy that way)."""
 
 from __future__ import annotations
 
-from vllm_probe.analysis.doctor.findings import Finding
-from vllm_probe.analysis.doctor.rules import seqs_down_candidates
+from vllm_probe.analysis.doctor.findings import EngineBasis, Finding
+from vllm_probe.analysis.doctor.knobs import seqs_down_candidates
 from vllm_probe.analysis.engine_state import EngineState
+from vllm_probe.analysis.episodes import Episodes
 
 
 def _finding(queue_steps: dict[tuple[int, int], int]) -> Finding:
     eng = EngineState(0)
     eng.queue_steps.update(queue_steps)
-    return Finding("preemption-storm", "warning", "", None, basis=(eng, None))
+    return Finding("preemption-storm", "warning", "", None, basis=EngineBasis(eng=eng, ep=Episodes().of(eng)))
 
 
 def test_candidates_start_below_the_running_peak_not_the_configured_value():

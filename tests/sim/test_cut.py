@@ -5,6 +5,7 @@ tries and finds what it finds on the whole run."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from tests.conftest import HAVE_VLLM, requires_vllm
@@ -146,15 +147,15 @@ def test_doctor_searches_the_storm_on_its_stretch_and_widens_what_runs_past_it(b
         return next(f for f in report.findings if f.id == "preemption-storm")
 
     whole, cut = storm(True), storm(False)
-    assert "stretch" not in whole.predicted
-    assert cut.predicted["stretch"] == {"first_step": 252, "last_step": 621, "steps": 370, "of_steps": 874,
-                                        "requests": 16, "horizon_s": pytest.approx(2.0)}
-    assert [(t["settings"], t["predicted"], t["met"]) for t in cut.predicted["tried"]] == [
-        (t["settings"], t["predicted"], t["met"]) for t in whole.predicted["tried"]]
+    assert whole.predicted.stretch is msgspec.UNSET
+    assert cut.predicted.stretch == {"first_step": 252, "last_step": 621, "steps": 370, "of_steps": 874,
+                                     "requests": 16, "horizon_s": pytest.approx(2.0)}
+    assert [(t.settings, t.predicted, t.met) for t in cut.predicted.tried] == [
+        (t.settings, t.predicted, t.met) for t in whole.predicted.tried]
     assert cut.remedy.whatif == whole.remedy.whatif
-    seqs2 = next(t for t in cut.predicted["tried"] if t["settings"] == {"max_num_seqs": 2})
-    assert (seqs2["predicted"], seqs2["met"]) == (0.0, True)
-    assert (seqs2["replayed_on"]["first_step"], seqs2["replayed_on"]["last_step"]) == (252, 873)
+    seqs2 = next(t for t in cut.predicted.tried if t.settings == {"max_num_seqs": 2})
+    assert (seqs2.predicted, seqs2.met) == (0.0, True)
+    assert (seqs2.replayed_on["first_step"], seqs2.replayed_on["last_step"]) == (252, 873)
     assert "on steps 252-621 of 874" in cut.remedy.arithmetic
 
 
@@ -172,8 +173,8 @@ def test_a_budget_too_small_for_the_baseline_leaves_the_arithmetic_unchecked(bur
     assert searches and all(s.complete is False for s in searches)
     for s in searches:
         p = s.finding.predicted
-        assert p["complete"] is False and p["error"].startswith("replaying ")
-        assert "did not fit the search's budget of 1e-06 s" in p["error"]
+        assert p.complete is False and p.error.startswith("replaying ")
+        assert "did not fit the search's budget of 1e-06 s" in p.error
         assert s.finding.remedy is None or s.finding.remedy.checked is False
 
 
@@ -213,9 +214,9 @@ def test_a_limits_goal_is_over_the_requests_that_waited_and_searched_on_their_st
         waited = ev.workload.waited_in(first, last)
     assert waited and all(r.startswith("S") for r in waited)  # the storm's requests only
     p = kv.predicted
-    assert p["goal"]["requests"] == list(waited)
-    assert (p["stretch"]["first_step"], p["stretch"]["last_step"]) == (252, 621)
-    assert p["recorded"] == measure(bursts, ["queue_p90"], requests=waited)["queue_p90"]
+    assert p.goal.requests == list(waited)
+    assert (p.stretch["first_step"], p.stretch["last_step"]) == (252, 621)
+    assert p.recorded == measure(bursts, ["queue_p90"], requests=waited)["queue_p90"]
 
 
 def test_no_stretch_when_the_recording_lost_its_start():

@@ -70,7 +70,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.doctor.findings import Finding, Remedy
+from ..analysis.doctor.findings import (
+    BaselineError, FigureChange, Finding, GoalRecord, Prediction, Remedy, TriedRecord,
+)
+from ..analysis.doctor.knobs import BUDGET_MAX_FACTOR
 from ..analysis.doctor.rule import Goal, Knob, Rule
 from ..analysis.objectives import objective
 from ..analysis.workload import Workload
@@ -78,9 +81,9 @@ from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator, rai
 
 #: Default time budget of a doctor search (s of replays, every finding together).
 DEFAULT_BUDGET_S = 60.0
-#: Largest token budget tried, as a multiple of the recorded one (issue 17: "a budget within
-#: 8x of the recorded one"; vLLM's tuning guide's examples stay within 2-8x).
-MAX_BUDGET_FACTOR = 8
+#: Largest token budget tried, as a multiple of the recorded one: the rules' own cap
+#: (:data:`vllm_probe.analysis.doctor.knobs.BUDGET_MAX_FACTOR`).
+MAX_BUDGET_FACTOR = BUDGET_MAX_FACTOR
 #: Candidates per knob combined in pairs (pairs are tried only when no single knob works).
 PAIR_DEPTH = 3
 #: Figures reported as trade-offs beside the goal's (objectives names).
@@ -178,22 +181,20 @@ class Tried:
     widened: dict[str, Any] | None = None
     on: Evaluator | None = None  # the evaluator that replayed it (the search's, or a wider stretch's)
 
-    def to_dict(self) -> dict[str, Any]:
-        """``{"settings", "predicted", "met", "outside_region"}`` (``outside_region``: the
-        share of the replay's steps outside the step-time model's fitted region), with
-        ``"extrapolated_share"`` and ``"extrapolated": true`` when the share of its seconds
-        from beyond that region kept the point from being judged,
-        ``"spilled": true`` when a replay of a stretch ran past its next recorded arrival
-        (and could not be widened), ``"replayed_on"`` when it was therefore replayed on a
-        wider stretch (:meth:`vllm_probe.sim.cut.Stretch.to_dict`, or ``{"whole_run":
-        true}``), and ``"error"`` when the replay failed."""
-        return {"settings": self.overrides, "predicted": self.value, "met": self.met,
-                "outside_region": self.evaluation.outside_region,
-                **({"extrapolated_share": self.evaluation.extrapolated_share, "extrapolated": True}
-                   if self.extrapolated else {}),
-                **({"spilled": True} if self.spilled else {}),
-                **({"replayed_on": self.widened} if self.widened else {}),
-                **({"error": self.evaluation.error} if self.evaluation.error else {})}
+    def record(self) -> TriedRecord:
+        """What ``predicted["tried"]`` says of it (:class:`TriedRecord`: the optional fields
+        only when they apply)."""
+        ev = self.evaluation
+        r = TriedRecord(settings=self.overrides, predicted=self.value, met=self.met, outside_region=ev.outside_region)
+        if self.extrapolated:
+            r.extrapolated_share, r.extrapolated = ev.extrapolated_share, True
+        if self.spilled:
+            r.spilled = True
+        if self.widened:
+            r.replayed_on = self.widened
+        if ev.error:
+            r.error = ev.error
+        return r
 
 
 @dataclass
@@ -334,7 +335,7 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
                 _search_one(s, ev, recorded, deadline, progress)
             except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
                 s.complete = not isinstance(e, BaselineStopped)
-                s.finding.predicted = {"error": _baseline_failed(e, ev, budget_s), "complete": s.complete}
+                s.finding.predicted = Prediction(error=_baseline_failed(e, ev, budget_s), complete=s.complete)
                 unchecked([s.finding])
                 continue
             _conclude(s, ev, recorded)
@@ -568,33 +569,33 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
             "arithmetic": f.remedy.arithmetic}
         began = r
     good = s.meeting()
-    goal = _goal_dict(s.goal)
-    goal["target"] = s.goal.at_most if s.goal.at_most is not None else "lower"  # the view's shape
-    record: dict[str, Any] = {
-        "goal": goal, "recorded": s.recorded, "baseline": s.baseline, "baseline_error": _baseline_error(evaluator),
-        "tried": [t.to_dict() for t in s.tried], "complete": s.complete, "skipped": s.skipped,
-        "resolved": bool(good), "baseline_outside_region": evaluator.baseline.outside_region,
-        "outside_region": None}
+    g = s.goal
+    record = Prediction(
+        goal=GoalRecord(g.figure, g.at_most, g.reduce_by, list(g.requests),
+                        g.at_most if g.at_most is not None else "lower"),
+        recorded=s.recorded, baseline=s.baseline, baseline_error=_baseline_error(evaluator),
+        tried=[t.record() for t in s.tried], complete=s.complete, skipped=s.skipped, resolved=bool(good),
+        baseline_outside_region=evaluator.baseline.outside_region, outside_region=None)
     if evaluator.stretch is not None:
-        record["stretch"] = evaluator.stretch.to_dict()
+        record.stretch = evaluator.stretch.to_dict()
     sign = 1.0 if objective(s.goal.figure).better == "lower" else -1.0
     shown = good[0] if good else min(
         (t for t in s.tried if t.evaluation.ok and t.value is not None),
         key=lambda t: sign * float(t.value or 0.0), default=None)
     if shown is not None:
         pred = _prediction(s, shown, evaluator)
-        record["settings"] = dict(shown.overrides)
-        record["outside_region"] = shown.evaluation.outside_region
-        record["run_dir"] = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
+        record.settings = dict(shown.overrides)
+        record.outside_region = shown.evaluation.outside_region
+        record.run_dir = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
         label = s.goal.figure + (f" ({len(s.goal.requests)} requests)" if s.goal.requests else "")
-        record["figures"] = {label: {"recorded": s.recorded, "predicted": shown.value, "unit": pred["unit"]},
-                             **{k: {"recorded": v["recorded"], "predicted": v["predicted"], "unit": v["unit"]}
-                                for k, v in pred["tradeoffs"].items()}}
+        record.figures = {label: FigureChange(s.recorded, shown.value, pred["unit"]),
+                          **{k: FigureChange(v["recorded"], v["predicted"], v["unit"])
+                             for k, v in pred["tradeoffs"].items()}}
     if not good:
-        record["closest"] = shown.to_dict() if shown else None
-        far = [t.to_dict() for t in s.tried if t.extrapolated]
+        record.closest = shown.record() if shown else None
+        far = [t.record() for t in s.tried if t.extrapolated]
         if far:  # the replay says they would reach it, priced outside what the model was fitted on
-            record["extrapolated"] = far
+            record.extrapolated = far
         untried = f.remedy is not None and all(t.overrides != f.remedy.whatif for t in s.tried)
         # a search the budget stopped keeps the arithmetic (unchecked) unless the replay tried it and it failed
         f.remedy = _unchecked_remedy(f.remedy) if not s.complete and untried else None
@@ -650,11 +651,11 @@ def _fmt(v: float | None) -> str:
     return f"{v:.4g}"
 
 
-def _baseline_error(evaluator: Evaluator) -> dict[str, Any]:
+def _baseline_error(evaluator: Evaluator) -> BaselineError:
     e = evaluator.error
     rows = e.get("figures", {})
-    return {"within": bool(e.get("within")), "figures": {k: r.get("error") for k, r in rows.items()},
-            "off": [k for k, r in rows.items() if not r.get("within")]}
+    return BaselineError(bool(e.get("within")), {k: r.get("error") for k, r in rows.items()},
+                         [k for k, r in rows.items() if not r.get("within")])
 
 
 def _unchecked_remedy(r: Remedy | None) -> CheckedRemedy | None:

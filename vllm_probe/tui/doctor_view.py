@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.doctor import CRITICAL, INFO, RULES, WARNING, Finding, Report
+from ..analysis.doctor.findings import BaselineError, Prediction, known
 from .charts import line, sep
 from .format import count, figure, signed_pct
 from .whatif_view import outside_line, step_time_model_line
@@ -22,26 +23,24 @@ SEVERITY_STYLE = {CRITICAL: "bold white on red", WARNING: "bold yellow", INFO: "
 SEVERITY_LABEL = {CRITICAL: "CRITICAL", WARNING: "WARNING", INFO: "info"}
 
 
-def predicted_text(p: dict) -> str:
+def predicted_text(p: Prediction) -> str:
     """``preemptions 37 → 2 · TTFT p90 4.10 s → 2.60 s`` from a finding's ``predicted``."""
     parts = []
-    for name, fig in p.get("figures", {}).items():
-        unit = fig.get("unit", "")
-        parts.append(f"{name} {figure(fig.get('recorded'), unit)} → {figure(fig.get('predicted'), unit)}")
+    for name, fig in (p.figures or {}).items():
+        parts.append(f"{name} {figure(fig.recorded, fig.unit)} → {figure(fig.predicted, fig.unit)}")
     return " · ".join(parts)
 
 
-def unmet_goal_text(p: dict) -> str:
-    """Why a replayed remedy falls short of its finding's goal (``predicted["goal"]``)."""
-    goal = p.get("goal") or {}
-    name, target = goal.get("figure", ""), goal.get("target")
-    if p.get("complete") is False:
-        return (f"the search stopped at its --budget after {len(p.get('tried') or [])} replayed change(s), none "
+def unmet_goal_text(p: Prediction) -> str:
+    """Why a replayed remedy falls short of its finding's goal (``predicted.goal``)."""
+    name, target = (p.goal.figure, p.goal.target) if p.goal else ("", None)
+    if p.complete is False:
+        return (f"the search stopped at its --budget after {len(p.tried or [])} replayed change(s), none "
                 "reaching the goal yet; --budget S searches longer")
-    far = p.get("extrapolated")
+    far = p.extrapolated
     if far:
-        shown = ", ".join(",".join(f"{k}={v}" for k, v in t["settings"].items()) for t in far)
-        worst = max(t.get("extrapolated_share") or 0.0 for t in far)
+        shown = ", ".join(",".join(f"{k}={v}" for k, v in t.settings.items()) for t in far)
+        worst = max(t.extrapolated_share or 0.0 for t in far)
         return (f"not checked: the replay reaches {name}'s goal only at {shown}, with up to "
                 f"{worst * 100:.0f} % of its predicted time from beyond the step-time model's fitted region "
                 "(its seconds there are a guess: docs/whatif.md, the step-time model's region)")
@@ -52,20 +51,20 @@ def unmet_goal_text(p: dict) -> str:
     return f"not enough on its own: {name} stays above {figure(target)}"
 
 
-def baseline_line(error: dict | None, stretch: dict | None = None) -> Text:
+def baseline_line(error: BaselineError | None, stretch: dict | None = None) -> Text:
     """How far to trust ``--whatif``'s predictions: the replay at the recorded settings
-    against the recorded run (``predicted["baseline_error"]``), or against the stretch of it
-    that was replayed (``predicted["stretch"]``)."""
+    against the recorded run (``predicted.baseline_error``), or against the stretch of it
+    that was replayed (``predicted.stretch``)."""
     head = "predictions: vLLM's own scheduler replayed at each remedy's settings; "
     if stretch:
         head += f"on steps {stretch['first_step']:,}–{stretch['last_step']:,} of {stretch['of_steps']:,}, "
-    if not error or "figures" not in error:
+    if not error:
         return Text(head + "no baseline comparison", style="dim")
     figs = ", ".join(f"{label} " + ("=" if e == 0 else "-" if e is None else signed_pct(e))
-                     for label, e in error["figures"].items())
-    if error.get("within"):
+                     for label, e in error.figures.items())
+    if error.within:
         return Text(head + f"at the recorded settings it matched the run within its thresholds ({figs})", style="dim")
-    return Text(head + f"at the recorded settings it is off on {', '.join(error.get('off', []))} ({figs}): "
+    return Text(head + f"at the recorded settings it is off on {', '.join(error.off)} ({figs}): "
                 "take those predicted figures as rough (docs/whatif.md)", style="yellow")
 
 
@@ -91,20 +90,20 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
         rows.append(("", Text.assemble(("source: ", "dim"), (r.source, "dim"))))
     if f.predicted:
         p = f.predicted
-        if p.get("error"):
-            rows.append(("predicted", Text(p["error"], style="yellow")))
+        if p.error:
+            rows.append(("predicted", Text(p.error, style="yellow")))
         else:
             line = Text(predicted_text(p), style="bold")
-            if p.get("resolved") is False:
+            if p.resolved is False:
                 line.append("  " + unmet_goal_text(p), style="yellow")
             rows.append(("predicted", line))
-            st = p.get("stretch")
+            st = p.stretch
             if st:
                 rows.append(("", Text(f"replayed steps {st['first_step']:,}–{st['last_step']:,} of {st['of_steps']:,} "
                                       f"({st['requests']:,} requests): the stretch between idle moments that holds "
                                       "what the goal counts (--whole-run replays it all)", style="dim")))
-            if p.get("run_dir"):
-                rows.append(("", Text(f"replayed: {p.get('run_dir')}", style="dim")))
+            if p.run_dir:
+                rows.append(("", Text(f"replayed: {p.run_dir}", style="dim")))
     step = rule.step(f)
     if step is not None:
         rows.append(("see", Text(f"vllm-probe tail {run_dir} --replay --from-step {step}", style="dim")))
@@ -113,11 +112,11 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
     return Group(head, t)
 
 
-def _outside(findings: list[Finding], replayed: dict) -> Text | None:
+def _outside(findings: list[Finding], replayed: Prediction) -> Text | None:
     """The share of steps outside the step-time model's fitted region: the baseline
     replay's, then each finding's shown prediction's."""
-    shares = [("baseline", replayed.get("baseline_outside_region"))]
-    shares += [(f.id, f.predicted.get("outside_region")) for f in findings if f.predicted]
+    shares = [("baseline", known(replayed.baseline_outside_region))]
+    shares += [(f.id, known(f.predicted.outside_region)) for f in findings if f.predicted]
     return outside_line(shares)
 
 
@@ -137,9 +136,9 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
             f"expected settings from {report.expected_source}" if report.expected_source else "",
         ) if x), style="dim"),
     ]
-    replayed = next((f.predicted for f in report.findings if f.predicted and "baseline_error" in f.predicted), None)
+    replayed = next((f.predicted for f in report.findings if f.predicted and f.predicted.baseline_error), None)
     if replayed is not None:
-        parts.append(baseline_line(replayed["baseline_error"], replayed.get("stretch")))
+        parts.append(baseline_line(known(replayed.baseline_error), known(replayed.stretch)))
         for extra in (step_time_model_line(report.step_time_model), _outside(report.findings, replayed)):
             if extra is not None:
                 parts.append(extra)

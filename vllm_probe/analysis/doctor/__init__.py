@@ -23,16 +23,12 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .context import Context
-from .rules import CATALOGUE, FINDING_IDS, RULES, all_clear
+from .context import Context, fmt_count
+from .rules import CATALOGUE, EXPLAINS_WAITS, FINDING_IDS, HELD_BACK, RULES
+from .rules.unexplained_wait import ADMIT_WITHIN_STEPS, longest_wait_steps
 
 __all__ = ["CRITICAL", "INFO", "SEVERITIES", "WARNING", "Expectation", "Finding", "LiveDiagnosis", "Remedy", "Report",
-           "diagnose", "examine", "has_critical", "FINDING_IDS", "RULES", "expected_of_meta"]
-
-
-#: Findings that say the scheduler held requests back (``underloaded`` is dropped beside them).
-HELD_BACK = ("stall", "preemption-thrash", "preemption-storm", "head-of-line-blocking", "kv-bound", "seqs-bound",
-             "budget-bound", "held-slots", "unexplained-wait", "priority-slot-wait")
+           "all_clear", "diagnose", "examine", "has_critical", "FINDING_IDS", "RULES", "expected_of_meta"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ class Report:
     stats: ReadStats
     meta: dict[str, Any]
     expected_source: str | None = None
-    #: the line a report shows when no finding is above info, earned (:func:`.rules.all_clear`:
+    #: the line a report shows when no finding is above info, earned (:func:`all_clear`:
     #: every request admitted within ADMIT_WITHIN_STEPS steps, else what held them); None
     #: when a finding is above info
     all_clear: str | None = None
@@ -89,15 +85,34 @@ def diagnose(state: RunState, episodes: Episodes, expected: Any = None, live: bo
     checks = check_expected(expected.engine, state.config) if expected is not None and expected.engine else None
     ctx = Context(state, episodes, checks, expected.source if expected is not None else None, live)
     found: list[Finding] = []
-    ctx.cache["found"] = found  # unexplained-wait reads what the rules before it found
     for rule in CATALOGUE:
         for f in rule.evaluate(ctx):
             f.remedy = rule.arithmetic(ctx, f)
             found.append(f)
+            if rule.wait == "explains":
+                ctx.explained.add(f.engine)  # unexplained-wait, later in the catalogue, reads it
     # "the scheduler is not the bottleneck" cannot stand beside a finding that it held requests back
     held_back = {f.engine for f in found if f.id in HELD_BACK and f.severity in (CRITICAL, WARNING)}
     found = [f for f in found if not (f.id == "underloaded" and (f.engine in held_back or None in held_back))]
     return worst_first(found, FINDING_IDS)
+
+
+def all_clear(ctx: Context, findings: list[Finding]) -> str | None:
+    """The report's line when no finding is above info, earned: said only when every
+    request was admitted within :data:`ADMIT_WITHIN_STEPS` steps (else what held them);
+    None when a finding is above info."""
+    if any(f.severity in (CRITICAL, WARNING) for f in findings):
+        return None
+    longest = longest_wait_steps(ctx)
+    if longest is None:
+        return ("No finding above info; how long requests waited is not known (chunk or request events are off), so "
+                "whether anything held them back is not checked.")
+    if longest <= ADMIT_WITHIN_STEPS:
+        return (f"No finding above info: every request was admitted within {ADMIT_WITHIN_STEPS} steps "
+                f"(the longest waited {fmt_count(longest)}); nothing held this run back.")
+    named = [f.id for f in findings if f.id in EXPLAINS_WAITS]
+    return (f"No finding above info, but requests waited up to {fmt_count(longest)} steps for their first chunk"
+            + (f": {', '.join(named)} (info) names what held them." if named else "."))
 
 
 def expected_of_meta(meta: dict[str, Any]) -> Expectation | None:

@@ -23,6 +23,8 @@ SRC_SEED_5 = "seed notes §5: command-line flags win over config files"
 SRC_FULL_ISL = "vLLM 0.19+ scheduler_reserve_full_isl (vllm/v1/core/sched/scheduler.py)"
 SRC_ASYNC = ("vLLM AsyncScheduler: a finished request's slot frees one step later "
              "(vllm/v1/core/sched/async_scheduler.py)")
+#: A threshold measured on this project's CPU engine.
+MEASURED = "measured here (docs/doctor.md gives the runs)"
 
 
 @dataclass
@@ -44,8 +46,11 @@ class Context:
     expected_source: str | None = None
     live: bool = False
     not_checked: dict[str, str] = field(default_factory=dict)  # rule id -> why (filled by rules)
-    #: what one evaluation shares between rules (the bound findings are chosen once per engine core)
+    #: what one evaluation shares between rules (the binding limit is chosen once per engine core)
     cache: dict[str, Any] = field(default_factory=dict)
+    #: the engine cores (None: the whole run) whose waits a finding already explains: filled
+    #: as the catalogue runs, from the rules whose ``wait`` is ``explains``
+    explained: set[int | None] = field(default_factory=set)
 
 
 # A finding's message is part of ``--json``, so it is written here, not in a view; its
@@ -130,3 +135,24 @@ def rounded(v: float | None, nd: int = 4) -> float | None:
 
 def round_up(v: int, to: int) -> int:
     return cdiv(v, to) * to
+
+
+# -- the views' lines (a rule's ``view``): how step ranges and head_blocked_by counts read ----------
+
+
+def steps_text(r: list[int] | None) -> str:
+    """A ``[first, last]`` step range as ``12–40`` (``12`` for one step, ``-`` unknown)."""
+    if not r or r[0] is None:
+        return "-"
+    return f"{r[0]}" if r[0] == r[1] else f"{r[0]}–{r[1]}"
+
+
+def reasons_text(d: dict[str, int]) -> str:
+    """head_blocked_by counts as shares, largest first (``kv_cache 80%, token_budget 20%``)."""
+    total = sum(d.values()) or 1
+    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+
+
+def first_of(r: list[int] | None) -> int | None:
+    """The first step of a ``[first, last]`` range (None: no range)."""
+    return r[0] if r and isinstance(r[0], int) else None

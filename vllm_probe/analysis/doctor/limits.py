@@ -1,23 +1,20 @@
-"""The bound findings — kv-bound, budget-bound, seqs-bound: which limit held the run
-back, read from the steps whose ``head_blocked_by`` names it (or, for a run without the
-field, the steps :func:`~vllm_probe.analysis.figures.bound_by` attributes to it), and
-the KV arithmetic their remedies and the preemption findings share (:func:`kv_remedy`).
+"""Which limit held an engine core back — the KV cache, the token budget or ``max_num_seqs``
+— read from the steps whose ``head_blocked_by`` names it (or, for a run without the field,
+the steps :func:`~vllm_probe.analysis.figures.bound_by` attributes to it). One limit per
+engine core is named (:func:`binding`); the rules kv-bound, seqs-bound and budget-bound
+(each in its own file) say it, with the evidence, goal, step and view they share here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+
 
 from ..engine_state import EngineState
-from ..episodes import EngineEpisodes
-from ..figures import Distribution, budget_use_counts
-from .context import (
-    SRC_FULL_ISL, SRC_SGLANG, SRC_VLLM_CHUNKED, SRC_VLLM_PREEMPTION, Context, cdiv, engine_of, engines_of,
-    fmt_count, fmt_pct, rounded,
-)
-from .evidence import BoundEvidence
-from .findings import INFO, WARNING, Finding, Remedy
+from .context import SRC_SGLANG, Context, engine_of, engines_of, first_of, fmt_count, fmt_figure, fmt_pct, steps_text
+from .evidence import Evidence
+from .findings import EngineBasis, Finding, evidence_of
+from .rule import Goal, Threshold
 
 # -- thresholds ----------------------------------------------------------------------------
 
@@ -27,65 +24,54 @@ from .findings import INFO, WARNING, Finding, Remedy
 BOUND_MIN_WAITING_SHARE = 0.2
 #: ... and one limit stopped the head in at least this share of those steps.
 BOUND_SHARE = 0.5
-#: KV use above which the cache counts as full (SGLang's guide: token usage > 0.9 is good
-#: utilization; below it with requests queued the server is too conservative).
-KV_FULL = 0.9
+
+#: The thresholds the three limit rules (kv-, seqs-, budget-bound) share: one limit per
+#: engine core is named, from the same waiting steps.
+BOUND_THRESHOLDS = (
+    Threshold("BOUND_MIN_WAITING_SHARE", BOUND_MIN_WAITING_SHARE, "share of steps", SRC_SGLANG),
+    Threshold("BOUND_SHARE", BOUND_SHARE, "share of waiting steps", "the limit that held most"),
+)
 
 
-def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
-    """Fewer running requests, or more KV blocks, from the KV demand the run reached.
+class BoundEvidence(Evidence, kw_only=True):
+    """``kv-bound``, ``budget-bound``, ``seqs-bound``: which limit held the run back.
 
-    The demand is the blocks the admitted requests would hold at full length (prompt +
-    ``max_tokens``, capped at ``max_model_len``; vLLM admits on the prompt alone, so
-    this is what the cache must hold for them to finish without preemption). At its
-    peak, ``n`` requests needed ``peak`` blocks: ``max_num_seqs = usable // (peak / n)``
-    leads (when it is below the recorded ``max_num_seqs``), ``num_gpu_blocks_override >=
-    peak + 1`` (vLLM reserves block 0) is the alternative: more blocks let admission take
-    more requests, which outgrow the larger cache in turn (design.md §7: 176 blocks
-    needed at the peak, 181 given, still 40 preemptions of 64). When the peak fits
-    (prefix-cache sharing, ``max_tokens`` unknown), ``max_num_seqs`` drops to the running
-    queue left by the first preemption.
+    Attributes:
+        steps: steps whose head_blocked_by named this limit.
+        waiting_steps: steps after which requests waited.
+        total_steps: the engine core's steps.
+        share_of_waiting_steps: steps / waiting_steps (0..1).
+        step_range: the steps where it held most, ``[first, last]``.
+        running_max: most requests running in those steps.
+        running_mean: mean requests running in those steps.
+        waiting_max: most requests waiting in those steps.
+        waiting_mean: mean requests waiting in those steps.
+        kv_usage_mean: mean KV cache use in those steps (0..1).
+        max_num_seqs: the engine's max_num_seqs.
+        inferred_from_queues: the run has no head_blocked_by (an older probe): the limit was inferred from the queues.
+        vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (KV capacity / max_model_len);
+            left out when unknown.
+        budget_use_median: budget-bound only: the median step's share of the token budget (0..1).
+        concurrency_at_run_lengths: kv-bound only: the requests the KV cache holds at once at this run's lengths (usable
+            blocks // the mean blocks at full length, prompt + max_tokens): the "Maximum concurrency" reading that
+            applies to this workload; left out when unknown.
     """
-    cfg = eng.config
-    if cfg is None or not cfg.num_kv_blocks or not cfg.block_size:
-        return None
-    usable = cfg.num_kv_blocks - 1
-    peak, n = ep.peak_demand_blocks, ep.peak_running
-    tradeoff = ("more KV blocks take device memory (gpu_memory_utilization: less headroom for activations); "
-                "a lower max_num_seqs caps concurrency and throughput")
-    if peak > usable and n:
-        per = peak / n
-        sizes = [b for b, k in ep.full_blocks_seen.items() if k]
-        each = f"{n} × {sizes[0]} blocks" if len(sizes) == 1 else f"{n} requests, {per:.1f} blocks each on average"
-        seqs = max(int(usable // per), 1)
-        blocks_text = (f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + "
-                       f"max_tokens, {cfg.block_size} tokens per block) = {fmt_count(peak)} blocks; the KV cache has "
-                       f"{fmt_count(usable)} (+1 reserved) → num_gpu_blocks_override ≥ {fmt_count(peak + 1)} (on a "
-                       "GPU: raise gpu_memory_utilization until vLLM reports that many blocks)")
-        if cfg.max_num_seqs and seqs < cfg.max_num_seqs:
-            return Remedy(
-                "max_num_seqs", seqs,
-                f"at step {ep.peak_step} the running requests needed {each} at full length (prompt + max_tokens, "
-                f"{cfg.block_size} tokens per block) = {fmt_count(peak)} blocks against {fmt_count(usable)} usable: "
-                f"{fmt_count(usable)} // {per:.1f} blocks per request = {seqs} run to the end without preemption → "
-                f"max_num_seqs {seqs}",
-                tradeoff, SRC_VLLM_PREEMPTION, whatif={"max_num_seqs": seqs},
-                alternatives=[{"setting": "num_gpu_blocks_override", "value": peak + 1,
-                               "whatif": {"num_kv_blocks": peak + 1},
-                               "arithmetic": blocks_text + "; more blocks also let admission take more requests, "
-                                             "which can outgrow the cache again (check with --whatif)"}])
-        return Remedy(
-            "num_gpu_blocks_override", peak + 1, blocks_text,
-            tradeoff, SRC_VLLM_PREEMPTION, whatif={"num_kv_blocks": peak + 1})
-    if ep.first_preempt is not None:
-        step, running = ep.first_preempt
-        seqs = max(running, 1)
-        return Remedy(
-            "max_num_seqs", seqs,
-            f"the first preemption (step {step}) left {running} running: that many fit the KV cache of "
-            f"{fmt_count(usable)} blocks → max_num_seqs {seqs}",
-            tradeoff, SRC_VLLM_PREEMPTION, whatif={"max_num_seqs": seqs})
-    return None
+
+    steps: int
+    waiting_steps: int
+    total_steps: int
+    share_of_waiting_steps: float
+    step_range: list[int]
+    running_max: int
+    running_mean: float
+    waiting_max: int
+    waiting_mean: float
+    kv_usage_mean: float
+    max_num_seqs: int | None
+    inferred_from_queues: bool
+    vllm_max_concurrency: float | None = None
+    budget_use_median: float | None = None
+    concurrency_at_run_lengths: int | None = None
 
 
 #: head_blocked_by reasons that count for each bound finding.
@@ -143,8 +129,37 @@ def waiting_steps(eng: EngineState) -> int:
     return recorded if recorded else eng.steps - eng.bound_counts.get("none", 0)
 
 
-def bound(ctx: Context) -> list[Finding]:
-    """Which limit held the run back: kv-bound, budget-bound or seqs-bound."""
+class BoundBasis(EngineBasis, kw_only=True):
+    """What a limit rule's arithmetic reads: the engine core, its episodes and the steps the
+    limit held back.
+
+    Attributes:
+        limit: the limit's steps (:class:`LimitSteps`).
+    """
+
+    limit: LimitSteps
+
+
+@dataclass
+class Binding:
+    """The limit that held one engine core back most, as a limit rule says it.
+
+    Attributes:
+        finding_id: ``kv-bound``, ``seqs-bound`` or ``budget-bound``.
+        basis: the engine core, its episodes and the limit's steps.
+        evidence: the shared evidence (each rule adds its own fields).
+        held: ``in N of M steps (x%) requests waited``, the message's common part.
+        inferred: the run has no head_blocked_by: the limit was inferred from the queues.
+    """
+
+    finding_id: str
+    basis: BoundBasis
+    evidence: BoundEvidence
+    held: str
+    inferred: bool
+
+
+def _bindings(ctx: Context) -> list[Binding]:
     out = []
     for eng, ep in engines_of(ctx):
         cfg = eng.config
@@ -168,143 +183,43 @@ def bound(ctx: Context) -> list[Finding]:
             running_max=agg.running_max, running_mean=round(agg.running_mean, 2), waiting_max=agg.waiting_max,
             waiting_mean=round(agg.waiting_mean, 2), kv_usage_mean=round(agg.kv_mean, 4),
             max_num_seqs=cfg.max_num_seqs, inferred_from_queues=inferred)
-        head = (f"in {fmt_count(agg.steps)} of {fmt_count(eng.steps)} steps ({fmt_pct(agg.steps / eng.steps)}) "
+        held = (f"in {fmt_count(agg.steps)} of {fmt_count(eng.steps)} steps ({fmt_pct(agg.steps / eng.steps)}) "
                 "requests waited")
-        if fid == "kv-bound":
-            full = agg.kv_mean >= KV_FULL
-            why = "" if inferred else " because the head of the queue did not fit"
-            msg = (f"The KV cache held the run back: {head}{why}; running "
-                   f"plateaued at {agg.running_max} of max_num_seqs {cfg.max_num_seqs} while up to {agg.waiting_max} "
-                   f"waited, KV cache {fmt_pct(agg.kv_mean)} used on average")
-            if not full:
-                msg += (f" — admission waits for the whole prompt to fit, so the head waited with "
-                        f"{fmt_pct(1 - agg.kv_mean)} of the cache free")
-            concurrency = _vllm_concurrency(cfg)
-            if concurrency is not None:
-                evidence.vllm_max_concurrency = round(concurrency, 2)
-                per = _mean_full_blocks(ep)
-                at_run = int((cfg.num_kv_blocks - 1) // per) if per and cfg.num_kv_blocks else None
-                evidence.concurrency_at_run_lengths = at_run
-                if agg.running_max > concurrency * 1.5:
-                    msg += (f"; vLLM's start-up line \"Maximum concurrency {concurrency:.2f}x\" assumes every request "
-                            f"fills max_model_len, this run ran {agg.running_max} at once")
-                    if at_run is not None:
-                        msg += (f"; at this run's request lengths (prompt + max_tokens, {per:.1f} blocks each on "
-                                f"average) the cache holds {fmt_count(at_run)} request{'s' if at_run != 1 else ''} to "
-                                f"the end at once: that is the reading that applies")
-            out.append(Finding("kv-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
-        elif fid == "budget-bound":
-            use = Distribution.of_counts(budget_use_counts([eng.step_tokens]))
-            evidence.budget_use_median = rounded(use.median)
-            msg = (f"The token budget held the run back: {head} with the budget of "
-                   f"{fmt_count(cfg.max_num_batched_tokens)} tokens used up (median step {fmt_pct(use.median or 0)} of "
-                   f"it); up to {agg.waiting_max} waited")
-            out.append(Finding("budget-bound", INFO, msg, evidence, basis=(eng, ep, agg)))
-        else:
-            msg = (f"max_num_seqs held the run back: {head} with the running queue full "
-                   f"({agg.running_max} of {cfg.max_num_seqs}) while up to {agg.waiting_max} waited, KV cache "
-                   f"{fmt_pct(agg.kv_mean)} used on average")
-            out.append(Finding("seqs-bound", WARNING, msg, evidence, basis=(eng, ep, agg)))
+        out.append(Binding(fid, BoundBasis(eng=eng, ep=ep, limit=agg), evidence, held, inferred))
     return out
 
 
-def bound_of(ctx: Context, finding_id: str) -> list[Finding]:
-    """The findings of :func:`bound` with id ``finding_id`` (bound runs once per evaluation:
-    one limit per engine core)."""
-    found = ctx.cache.get("bound")
+def binding(ctx: Context, finding_id: str) -> list[Binding]:
+    """The engine cores whose waits the limit of ``finding_id`` held most (chosen once per
+    evaluation, for the three limit rules together: one limit per engine core)."""
+    found = ctx.cache.get("binding")
     if found is None:
-        found = ctx.cache["bound"] = bound(ctx)
-    return [f for f in found if f.id == finding_id]
+        found = ctx.cache["binding"] = _bindings(ctx)
+    return [b for b in found if b.finding_id == finding_id]
 
 
-def kv_bound_remedy(ctx: Context, f: Finding) -> Remedy | None:
-    """Blocks for every request that ran or waited at once, else :func:`kv_remedy`."""
-    eng, ep, agg = f.basis
-    return _kv_bound_remedy(eng, ep, agg) or kv_remedy(eng, ep)
+# -- what the three limit rules share: goal, step, view ----------------------------------------
 
 
-def budget_remedy(ctx: Context, f: Finding) -> Remedy | None:
-    """Twice the budget."""
-    eng = f.basis[0]
-    cfg = eng.config
-    want = cfg.max_num_batched_tokens * 2
-    return Remedy(
-        "max_num_batched_tokens", want,
-        f"twice the budget ({fmt_count(cfg.max_num_batched_tokens)} × 2): each step prefills twice as many waiting "
-        f"prompt tokens", "larger steps: running decodes wait longer per token (inter-token latency)",
-        SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
+def bound_goal(f: Finding) -> Goal:
+    """Queue p90 30 % lower over the requests that waited in the limit's steps (the
+    requests the finding is about; over every request, a short limit in a long run is lost
+    in the others' queue times: measured on a real run of 160 light requests around an
+    8-request storm, queue p90 2.9 ms of all against seconds of the waiting ones)."""
+    e = evidence_of(f, BoundEvidence)
+    rng = e.step_range
+    return Goal("queue_p90", reduce_by=0.3,
+                steps=(int(rng[0]), int(rng[1])) if rng and len(rng) == 2 else None)
 
 
-def seqs_remedy(ctx: Context, f: Finding) -> Remedy | None:
-    """max_num_seqs up by what the free KV blocks held while the queue was full."""
-    return _seqs_remedy(*f.basis)
+def bound_step(f: Finding) -> int | None:
+    """The first step the limit held."""
+    return first_of(evidence_of(f, BoundEvidence).step_range)
 
 
-def _vllm_concurrency(cfg: Any) -> float | None:
-    """vLLM's start-up "Maximum concurrency for N tokens per request: Xx": KV capacity in
-    tokens / max_model_len (vllm/v1/core/kv_cache_utils.py)."""
-    if cfg.kv_capacity_tokens and cfg.max_model_len:
-        ratio: float = cfg.kv_capacity_tokens / cfg.max_model_len
-        return ratio
-    return None
-
-
-def _mean_full_blocks(ep: EngineEpisodes) -> float | None:
-    n = sum(ep.full_blocks_seen.values())
-    return sum(b * k for b, k in ep.full_blocks_seen.items()) / n if n else None
-
-
-def _kv_bound_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remedy | None:
-    """Blocks for every request that was running or waiting at once (up to max_num_seqs)."""
-    cfg = eng.config
-    per = _mean_full_blocks(ep)
-    if not per or not cfg.num_kv_blocks:
-        return None
-    target = min(cfg.max_num_seqs or 1 << 30, agg.running_max + agg.waiting_max, eng.requests_added or 1 << 30)
-    need = cdiv(round(target * per * 10), 10) + 1
-    if need <= cfg.num_kv_blocks:
-        return None
-    every = " (all of the run's)" if target == eng.requests_added else ""
-    return Remedy(
-        "num_gpu_blocks_override", need,
-        f"up to {agg.running_max} ran and {agg.waiting_max} waited: {target} requests{every} × {per:.1f} blocks at "
-        f"full length (prompt + max_tokens, {cfg.block_size} tokens per block) + 1 reserved = {fmt_count(need)} "
-        f"blocks; the KV cache has {fmt_count(cfg.num_kv_blocks)} → num_gpu_blocks_override {fmt_count(need)} (on a "
-        "GPU: raise gpu_memory_utilization until vLLM reports that many)",
-        "more KV blocks take device memory (gpu_memory_utilization: less headroom for activations)",
-        SRC_SGLANG + "; " + SRC_FULL_ISL, whatif={"num_kv_blocks": need})
-
-
-def _seqs_remedy(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remedy | None:
-    """max_num_seqs up by what the free KV blocks held while the queue was full."""
-    cfg = eng.config
-    per = _mean_full_blocks(ep)
-    seqs = cfg.max_num_seqs or 0
-    if per and cfg.num_kv_blocks:
-        free = (1 - agg.kv_mean) * (cfg.num_kv_blocks - 1)
-        more = int(free // per)
-        if more <= 0:
-            return None  # the KV cache is as full as the queue: raising it would only move the limit
-        add = min(more, agg.waiting_max)
-        want = seqs + add
-        cap = max((cfg.num_kv_blocks - 1) // ep.full_blocks_max, 1) if ep.full_blocks_max else None
-        capped = cap is not None and want > cap
-        if cap is not None and capped:
-            # never more slots than the cache holds at full length: a storm's remedy lowered
-            # max_num_seqs to that, and asking for more would undo it (advice converges)
-            want, add = cap, cap - seqs
-            if add <= 0:
-                return None
-        return Remedy(
-            "max_num_seqs", want,
-            f"{fmt_pct(1 - agg.kv_mean)} of {fmt_count(cfg.num_kv_blocks - 1)} KV blocks ({free:.0f}) free on average "
-            f"while the queue was full, {per:.1f} blocks per request at full length → room for {more} more: "
-            f"max_num_seqs {seqs} + {add} = {want}"
-            + (f" (at most {cap}: the cache holds {cap} of the largest requests, "
-               f"{ep.full_blocks_max} blocks each, at full length)" if capped else ""),
-            "more requests per step: each decode step takes longer (inter-token latency)", SRC_SGLANG,
-            whatif={"max_num_seqs": want})
-    want = seqs + agg.waiting_max
-    return Remedy("max_num_seqs", want, f"max_num_seqs {seqs} + the {agg.waiting_max} that waited = {want}",
-                  "more requests per step: each decode step takes longer; the KV cache may bind next",
-                  SRC_SGLANG, whatif={"max_num_seqs": want})
+def view_bound(f: Finding) -> list[str]:
+    """The limit's steps, queues and KV use, one line."""
+    e = evidence_of(f, BoundEvidence)
+    return [f"steps {steps_text(e.step_range)} · running max {e.running_max} (mean {e.running_mean:.1f}) · "
+            f"waiting max {e.waiting_max} (mean {e.waiting_mean:.1f}) · KV {fmt_figure(e.kv_usage_mean, '%')} "
+            f"mean" + (" · inferred from the queues" if e.inferred_from_queues else "")]

@@ -2,8 +2,8 @@
 thresholds and their sources, the typed evidence it returns, the figure its remedy must move
 (its goal) and the settings that can move it (its knobs), and how a view lays it out.
 
-This is the interface part 12 (remedies chosen by the replay, ``advice/``) and part 15 (one
-analysis core) agree on:
+Each rule is one file of :mod:`vllm_probe.analysis.doctor.rules`, read top to bottom. The
+three sides agree on this interface:
 
 - the analysis side (``analysis/doctor/``) defines every :class:`Rule` and its ``evaluate``;
 - the advice side (``advice/``, a floor above ``sim/``) reads only :attr:`Rule.goal` and
@@ -125,6 +125,10 @@ class Rule:
             --from-step``); None: none.
         severity: the severities its findings can have, worst first (the catalogue's
             documentation; a finding carries its own).
+        wait: what its findings say about requests' waits: ``explains`` — they name the
+            limit that held requests back (``unexplained-wait`` stays silent beside them);
+            ``unexplained`` — they report waits no rule explains; None — neither. A finding
+            of either kind at warning or above drops ``underloaded`` beside it.
     """
 
     id: str
@@ -138,3 +142,4 @@ class Rule:
     view: Callable[[Finding], list[str]] = field(default=lambda f: [])
     step: Callable[[Finding], int | None] = field(default=lambda f: None)
     severity: tuple[str, ...] = ("warning",)
+    wait: Literal["explains", "unexplained"] | None = None
