@@ -51,3 +51,4 @@ compat: setup
 
 docs: setup
 	$(PY) -m vllm_probe.schema.events > docs/events.md
+	@echo "docs/whatif.md settings table: $(PY) -m vllm_probe.schema.engine_settings"

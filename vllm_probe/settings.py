@@ -45,6 +45,8 @@ import msgspec
 import yaml
 from msgspec import UNSET, UnsetType
 
+from .schema.engine_settings import ENGINE_SETTINGS
+
 
 class SettingsError(ValueError):
     """A settings file cannot be used; the message names the file and the key."""
@@ -276,11 +278,7 @@ def parse_settings(data: Any, source: str) -> Settings:
 #: a literal string …). A value of another type in a user's file is refused
 #: (:class:`SettingsError`): ``"8k"`` is not a token budget vLLM would accept.
 ENGINE_ARG_TYPES: dict[str, tuple[type, ...]] = {
-    "max_num_batched_tokens": (int,), "max_num_seqs": (int,), "long_prefill_token_threshold": (int,),
-    "num_gpu_blocks_override": (int,), "max_model_len": (int,), "block_size": (int,),
-    "data_parallel_size": (int,), "gpu_memory_utilization": (float, int), "enable_chunked_prefill": (bool,),
-    "async_scheduling": (bool,), "enable_prefix_caching": (bool,), "scheduling_policy": (str,),
-}
+    s.engine_arg: ((float, int) if s.type is float else (s.type,)) for s in ENGINE_SETTINGS if s.config_key}
 _TYPE_WORDS = {int: "an integer", float: "a number", bool: "true/false", str: "a string"}
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis.objectives import OBJECTIVES, ObjectiveError, objective
+from ..schema.engine_settings import BY_NAME, serve_flags
 from .evaluate import Evaluation, Evaluator
 
 #: Values a fractional ``LO..HI`` range is tried at.
@@ -171,17 +172,8 @@ def _ladder(lo: int, hi: int) -> list[int]:
 
 
 def _out_of_range(key: str, v: Any) -> str | None:
-    if isinstance(v, (bool, str)):
-        return None
-    if key in ("gpu_memory_utilization",) and not 0 < v <= 1:
-        return f"{key}={v}: a share of device memory in (0, 1]"
-    if key == "watermark" and not 0 <= v < 1:
-        return f"{key}={v}: a share of KV blocks in [0, 1)"
-    if key in ("long_prefill_token_threshold",) and v < 0:
-        return f"{key}={v}: 0 (none) or a token count"
-    if key not in ("gpu_memory_utilization", "watermark", "long_prefill_token_threshold") and v < 1:
-        return f"{key}={v}: must be at least 1"
-    return None
+    s = BY_NAME.get(key)
+    return s.out_of_bounds(v) if s is not None else None
 
 
 @dataclass
@@ -297,23 +289,10 @@ class TuneResult:
         return out
 
 
-#: whatif names → ``vllm serve`` flags (the rest: ``--`` + the name with dashes).
-_FLAGS = {"num_kv_blocks": "--num-gpu-blocks-override", "scheduling_policy": "--scheduling-policy"}
-
-
 def flags(overrides: dict[str, Any]) -> list[str]:
-    """The ``vllm serve`` flags that apply ``overrides`` (``{"max_num_batched_tokens": 1024,
-    "num_kv_blocks": 56}`` → ``["--max-num-batched-tokens", "1024",
-    "--num-gpu-blocks-override", "56"]``); booleans as ``--x`` / ``--no-x`` (vLLM's
-    argparse BooleanOptionalAction)."""
-    out: list[str] = []
-    for k, v in overrides.items():
-        flag = _FLAGS.get(k, "--" + k.replace("_", "-"))
-        if isinstance(v, bool):
-            out.append(flag if v else "--no-" + flag[2:])
-        else:
-            out += [flag, str(v)]
-    return out
+    """The ``vllm serve`` flags that apply ``overrides``
+    (:func:`vllm_probe.schema.engine_settings.serve_flags`)."""
+    return serve_flags(overrides)
 
 
 def serve_line(overrides: dict[str, Any], model: str = "MODEL") -> str:

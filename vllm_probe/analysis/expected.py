@@ -23,21 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: vLLM engine argument -> the ``engine_config`` field that records its effect.
-ENGINE_ARG_FIELDS: dict[str, str] = {
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "max_num_seqs": "max_num_seqs",
-    "enable_chunked_prefill": "enable_chunked_prefill",
-    "long_prefill_token_threshold": "long_prefill_token_threshold",
-    "num_gpu_blocks_override": "num_kv_blocks",
-    "max_model_len": "max_model_len",
-    "block_size": "block_size",
-    "scheduling_policy": "scheduling_policy",
-    "async_scheduling": "async_scheduling",
-    "enable_prefix_caching": "prefix_caching",
-    "data_parallel_size": "data_parallel_size",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-}
+from ..schema.engine_settings import ENGINE_SETTINGS
+
+#: vLLM engine argument -> the ``engine_config`` field that records its effect (the
+#: settings vocabulary's recorded entries).
+ENGINE_ARG_FIELDS: dict[str, str] = {s.engine_arg: s.config_key for s in ENGINE_SETTINGS if s.config_key}
 #: Settings the V1 engine does not have, and why (vLLM 0.32, ``vllm/engine/arg_utils.py``).
 NOT_IN_V1: dict[str, str] = {
     "preemption_mode": "vLLM V1 always preempts by recompute (the swap mode was V0's)",

@@ -22,6 +22,7 @@ import argparse
 import sys
 
 from ..runs.rundir import resolve_run_dir
+from ..schema.engine_settings import ENGINE_SETTINGS
 from . import EXIT_NO_EVENTS, CliError, print_json, print_report, profile_args
 
 
@@ -30,11 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the recorded run (default: the latest under ./vllm-probe-runs/)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=V[,V...]",
                    help="a setting and its values; several --set give their cartesian product. Keys: "
-                        "max_num_batched_tokens, max_num_seqs, num_kv_blocks, gpu_memory_utilization, "
-                        "long_prefill_token_threshold, max_num_partial_prefills, enable_chunked_prefill, "
-                        "enable_prefix_caching, scheduling_policy, max_num_scheduled_tokens, "
-                        "max_num_active_seqs, long_prefill_token_threshold_adaptive, "
-                        "scheduler_reserve_full_isl, watermark, async_scheduling")
+                        + ", ".join(s.name for s in ENGINE_SETTINGS if s.replayable))
     p.add_argument("--out", metavar="DIR", help="parent of the simulated run directories "
                                                 "(default: RUN_DIR-whatif next to the run)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="replays at once, one process each (default 1)")

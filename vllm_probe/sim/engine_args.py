@@ -26,9 +26,10 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from ..schema.engine_settings import ENGINE_SETTINGS, EngineSetting
 from .harness import SchedulerSpec
 
 
@@ -36,64 +37,12 @@ class SettingError(ValueError):
     """A ``--set`` the replay cannot take; the message is one line."""
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting a replay can change.
+#: A setting a replay can change (the settings vocabulary's entry).
+Setting = EngineSetting
 
-    Attributes:
-        name: vLLM's engine-argument name (the ``--set`` key).
-        config_key: the ``engine_config`` field that records it (None: not recorded).
-        type: ``int``, ``float``, ``bool`` or ``str``.
-        unit: tokens, requests, blocks, 0..1 or ``-``.
-        doc: what it does, for ``--help`` and docs/whatif.md.
-        scheduler_config: the ``SchedulerConfig`` field it is passed as (None: the
-            harness spec has a field of its own).
-        default: vLLM's default, where a release without the setting behaves as if it
-            had this value (a recorded default then replays on an older vLLM).
-    """
-
-    name: str
-    config_key: str | None
-    type: type
-    unit: str
-    doc: str
-    scheduler_config: str | None = None
-    default: Any = None
-
-
-SETTINGS: dict[str, Setting] = {s.name: s for s in (
-    Setting("max_num_batched_tokens", "max_num_batched_tokens", int, "tokens", "token budget of one step"),
-    Setting("max_num_seqs", "max_num_seqs", int, "requests", "most requests in the running queue"),
-    Setting("num_kv_blocks", "num_kv_blocks", int, "blocks",
-            "KV-cache blocks, as num_gpu_blocks_override sets them (block 0 is reserved)"),
-    Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "0..1",
-            "share of device memory; converted to KV blocks from what the recorded engine reported"),
-    Setting("long_prefill_token_threshold", "long_prefill_token_threshold", int, "tokens",
-            "cap on one request's prefill chunk (0: none)"),
-    Setting("max_num_partial_prefills", None, int, "requests",
-            "concurrent partial prefills (releases up to 0.26 accept it; the V1 scheduler never reads it)",
-            scheduler_config="max_num_partial_prefills"),
-    Setting("enable_chunked_prefill", "enable_chunked_prefill", bool, "-", "split prompts across steps"),
-    Setting("enable_prefix_caching", "prefix_caching", bool, "-", "automatic prefix caching"),
-    Setting("scheduling_policy", "scheduling_policy", str, "-", "fcfs or priority",
-            scheduler_config="policy"),
-    Setting("max_num_scheduled_tokens", "max_num_scheduled_tokens", int, "tokens",
-            "tokens one step may schedule, set apart from max_num_batched_tokens (0.17+)",
-            scheduler_config="max_num_scheduled_tokens"),
-    Setting("max_num_active_seqs", "max_num_active_seqs", int, "requests",
-            "admission limit below max_num_seqs (0.31+)", scheduler_config="max_num_active_seqs"),
-    Setting("long_prefill_token_threshold_adaptive", "long_prefill_token_threshold_adaptive", bool, "-",
-            "raise the long-prefill threshold to budget / running requests (0.31+)",
-            scheduler_config="long_prefill_token_threshold_adaptive", default=False),
-    Setting("scheduler_reserve_full_isl", "scheduler_reserve_full_isl", bool, "-",
-            "admit a request only when its whole prompt fits in free KV blocks (0.19+; before, "
-            "admission needed only the first chunk's blocks)", scheduler_config="scheduler_reserve_full_isl"),
-    Setting("watermark", "watermark", float, "0..1", "share of KV blocks kept free at admission (0.24+)",
-            scheduler_config="watermark", default=0.0),
-    Setting("async_scheduling", "async_scheduling", bool, "-",
-            "AsyncScheduler: schedule step N+1 before step N's output (a finished request holds its slot "
-            "one more step; vllm/v1/core/sched/async_scheduler.py, 0.32)"),
-)}
+#: The settings ``whatif --set`` takes, by name (the replayable entries of
+#: :data:`vllm_probe.schema.engine_settings.ENGINE_SETTINGS`).
+SETTINGS: dict[str, Setting] = {s.name: s for s in ENGINE_SETTINGS if s.replayable}
 
 #: Settings whose values are only passed when set apart (vLLM derives them otherwise).
 _DERIVED = {"max_num_scheduled_tokens": "max_num_batched_tokens", "max_num_active_seqs": "max_num_seqs"}

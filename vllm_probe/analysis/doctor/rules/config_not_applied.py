@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from ....schema.engine_settings import ENGINE_SETTINGS
 from ...expected import DIFFERS, NOT_RECORDED, NOT_V1, UNKNOWN
 from ..context import SRC_SEED_5, Context, fmt_count, fmt_figure
 from ..evidence import Evidence
@@ -139,12 +140,8 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
                   "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif)
 
 
-#: vLLM engine argument -> ``vllm-probe whatif --set`` name.
-_WHATIF_NAME = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
-                "num_gpu_blocks_override": "num_kv_blocks", "gpu_memory_utilization": "gpu_memory_utilization",
-                "long_prefill_token_threshold": "long_prefill_token_threshold",
-                "enable_chunked_prefill": "enable_chunked_prefill", "enable_prefix_caching": "enable_prefix_caching",
-                "scheduling_policy": "scheduling_policy"}
+#: vLLM engine argument -> ``vllm-probe whatif --set`` name (the settings vocabulary's replayable entries).
+_WHATIF_NAME = {s.engine_arg: s.name for s in ENGINE_SETTINGS if s.replayable}
 
 
 def _arg(v: Any) -> str:
