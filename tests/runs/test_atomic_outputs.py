@@ -85,7 +85,7 @@ def test_whatif_replaces_the_half_folder_an_interrupted_whatif_left(tmp_path):
     failed ("exists and is not a simulated run"). Such a folder is now recognised and
     replaced, and a folder of the user's is still refused."""
     pytest.importorskip("vllm")
-    from vllm_probe.sim.whatif import _interrupted
+    from vllm_probe.sim.plan import _interrupted
 
     half = tmp_path / "baseline"
     half.mkdir()

@@ -76,7 +76,8 @@ def test_closed_loop_replay_keeps_n_in_flight_when_the_engine_is_slower(tmp_path
 @requires_vllm
 def test_drift_factor_is_recovered_and_replayed(tmp_path):
     """The machine runs 1.6× slower from step 150 on: the drift factors recover the
-    ratio, the baseline replays it and is closer than the constant-speed one."""
+    ratio; the baseline replays the run's average speed (as every prediction does), and
+    replaying the recording's speed over time comes closer, which the drift note says."""
     from vllm_probe.analysis.workload import load_workload
     from vllm_probe.sim.stepmodel import drift_factors, fit
     from vllm_probe.sim.whatif import predict
@@ -98,8 +99,8 @@ def test_drift_factor_is_recovered_and_replayed(tmp_path):
     assert r.drift is not None and r.drift["range"][1] / r.drift["range"][0] == pytest.approx(1.6, rel=0.1)
     note = next(n for n in r.notes if n.startswith("drift: "))
     assert "at one speed" in note and "with the drift" in note
-    with_drift = abs(r.error["figures"]["TTFT p90"]["error"])
-    constant = abs(r.drift["constant_speed_error"]["figures"]["TTFT p90"]["error"])
+    with_drift = abs(r.drift["replayed_error"]["figures"]["TTFT p90"]["error"])
+    constant = abs(r.error["figures"]["TTFT p90"]["error"])
     assert with_drift < constant, (with_drift, constant)
 
 
@@ -118,3 +119,36 @@ def test_a_closed_loop_whose_think_time_outlasts_the_spacing_of_finishes_is_dete
     a = detect(w)
     assert (a.kind, a.concurrency) == ("closed", 8), a.describe()
     assert a.think_s == pytest.approx(0.05, abs=0.002) and negative == 0
+
+
+def test_a_setting_that_changes_no_decision_reads_exactly_as_the_baseline(tmp_path):
+    """On a run whose speed drifted 1.6× (the drift replay is on), ``--set`` of the recorded
+    values replays with the baseline's model and speed: every figure equal, to the bit, and
+    the Evaluator of doctor and tune gives the same baseline as whatif."""
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.analysis.compare import FIGURES
+    from vllm_probe.sim.whatif import predict
+
+    calls = []
+
+    def drifting(f):
+        calls.append(1)
+        return nonlinear_cost(f) * (1.6 if len(calls) > 150 else 1.0)
+
+    run = record(tmp_path / "run", workload(poisson(n=60, rate=30.0, seed=11, outputs=(5, 20))), drifting)
+    recorded_seqs = run_seqs(run)
+    r = predict(run, [{"max_num_seqs": recorded_seqs}], out=tmp_path / "out")
+    assert r.drift is not None  # the recording's speed over time was replayed beside the baseline
+    same, base = r.configs[0].summary, r.baseline.summary
+    for f in FIGURES:
+        assert f.get(same) == f.get(base), f.label
+    with Evaluator(run, out=tmp_path / "ev") as ev:
+        assert ev.baseline.figures["ttft_p90"] == base.latency.ttft_s.p90
+        assert ev.error["within"] == r.error["within"]
+    assert recorded_seqs == r.baseline.settings["max_num_seqs"]
+
+
+def run_seqs(run) -> int:
+    from vllm_probe.analysis.workload import load_workload
+
+    return int(load_workload(run).config["max_num_seqs"])

@@ -5,9 +5,10 @@ either way.
 :class:`Evaluator` prepares the run once (its workload, the step-time model fitted on
 it, the replay at the recorded settings: the *baseline*, with its error against the
 recording) and then evaluates batches of settings, each a dict by ``whatif --set``
-names (:data:`vllm_probe.sim.engine_args.SETTINGS`). Each replay goes through the
-replay ``vllm-probe whatif`` uses (:func:`vllm_probe.sim.whatif.predict`'s internals:
-the same checks at start-up, the same run directory, the same summary), and its figures
+names (:data:`vllm_probe.sim.engine_args.SETTINGS`). Each replay is a task of the run's
+:class:`~vllm_probe.sim.plan.ReplayPlan`, the one ``vllm-probe whatif`` replays too (the same
+workload, arrivals, step-time model and speed, the same checks at start-up, the same run
+directory, the same summary), and its figures
 (:mod:`vllm_probe.analysis.objectives`) are measured where the replay ran, so a Ray
 worker on another machine returns numbers, not paths. A point vLLM refuses, or whose
 replay cannot finish (a request that never fits), comes back with ``error`` set and no
@@ -105,16 +106,16 @@ SUBSET_FIGURES = tuple(n for n, o in OBJECTIVES.items() if o.request_field is no
 
 
 def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation:
-    """Replay one prepared :class:`vllm_probe.sim.whatif._Task` and measure it (runs in
-    a worker: a forked process or a Ray task)."""
+    """Replay one :class:`vllm_probe.sim.plan.ReplayTask` and measure it (runs in a worker:
+    a forked process or a Ray task)."""
     import shutil
 
+    from ..sim.plan import WhatifError, run_task
     from ..sim.replay import ReplayError, ReplayTimeLimit
-    from ..sim.whatif import WhatifError, _run
 
     start = time.perf_counter()
     try:
-        result = _run(task)
+        result = run_task(task)
     except ReplayTimeLimit as e:
         return Evaluation(dict(task.overrides), dict(task.settings), error=str(e), replay_s=time.perf_counter() - start,
                           stopped_at=(e.step, e.elapsed_s))
@@ -184,18 +185,11 @@ class Evaluator:
     def __init__(self, run_dir: str | Path, jobs: int = 1, ray_address: str | None = None,
                  out: str | Path | None = None, requests: Iterable[str] = (), keep: bool | None = None,
                  profile: Any = None, force: bool = False, lazy: bool = False) -> None:
-        from ..analysis.workload import WorkloadError, load_workload
-        from ..sim import arrivals as arrival_models
+        from ..analysis.workload import WorkloadError
         from ..sim.engine_args import SettingError
-        from ..sim.whatif import (WhatifError, _notes, _plan, _summary, _unanchored, quiet_vllm, require_vllm,
-                                  step_time_model)
-        from ..sim.whatif import ProfileRefused as Refused
+        from ..sim.plan import ProfileRefused as Refused
+        from ..sim.plan import WhatifError, prepare, quiet_vllm
 
-        try:
-            require_vllm()
-        except WhatifError as e:
-            raise EvaluateError(str(e)) from None
-        quiet_vllm()
         self.run_dir = Path(run_dir)
         self.jobs = max(1, int(jobs))
         self.requests = tuple(requests)
@@ -211,25 +205,24 @@ class Evaluator:
         self.out = Path(out)
         self.keep = keep if keep is not None else self._tmp is None
         self._ray: Any = None
-        try:
-            self.workload = load_workload(self.run_dir)
-            # the arrivals whatif replays by default: a detected closed-loop client replays per finish
-            self.arrivals = arrival_models.resolve(self.workload, None)
-            if self.arrivals.kind == "closed":
-                self.workload = _unanchored(self.workload)
-            self.step_time_model = step_time_model(self.run_dir, self.workload, profile, force)
+        try:  # the arrivals whatif replays by default: a detected closed-loop client replays per finish
+            self.plan = prepare(self.run_dir, profile=profile, force=force)
         except Refused as e:
             raise ProfileRefused(str(e)) from None
         except (WorkloadError, WhatifError, ValueError) as e:
             raise EvaluateError(str(e).splitlines()[0]) from None
+        quiet_vllm()
         if ray_address:  # after the profile's check: a refused profile starts no cluster
             self._ray = _connect_ray(ray_address)
-        self.model = self.step_time_model.model
-        self.notes = _notes(self.workload) + self.step_time_model.notes + [self.arrivals.describe()]
-        self.recorded = _summary(self.run_dir)
+        self.workload = self.plan.workload
+        self.arrivals = self.plan.arrivals
+        self.step_time_model = self.plan.choice
+        self.model = self.plan.model
+        self.notes = list(self.plan.notes)
+        self.recorded = self.plan.recorded
         self._count = 0
         try:  # vLLM's checks import its config modules (seconds, once): here, not in a search's budget
-            _plan(self.workload, {})
+            self.plan.check({})
         except SettingError:
             pass  # the baseline's replay reports it
         self.replays = 0
@@ -250,12 +243,11 @@ class Evaluator:
 
     @functools.cached_property
     def error(self) -> dict[str, Any]:
-        """The baseline against the recording (:func:`~vllm_probe.analysis.compare.relative_errors`
-        with whatif's tolerances)."""
-        from ..analysis.compare import relative_errors
-        from ..sim.whatif import BASELINE_TOLERANCES
+        """The baseline against the recording, judged as ``whatif`` judges it
+        (:func:`vllm_probe.sim.plan.baseline_error`)."""
+        from ..sim.plan import baseline_error
 
-        return relative_errors(self.recorded, self.baseline.summary, BASELINE_TOLERANCES)
+        return baseline_error(self.recorded, self.baseline.summary)
 
     def cut(self, stretch: Any) -> Evaluator:
         """An evaluator of the :class:`~vllm_probe.sim.cut.Stretch` ``stretch`` of this
@@ -288,21 +280,18 @@ class Evaluator:
 
     def _tasks(self, points: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
         from ..sim.engine_args import SettingError
-        from ..sim.whatif import _plan, _slug, _Task, _text
+        from ..sim.plan import slug
 
         out: list[Any] = []
         for point in points:
             try:
-                overrides, settings, spec = _plan(self.workload, dict(point))
+                checked = self.plan.check(dict(point))
             except SettingError as e:
                 out.append((None, str(e)))
                 continue
             self._count += 1
-            name = "baseline" if not point else f"{self._count:04d}-{_slug(point)}"
-            command = ["vllm-probe", "whatif", str(self.run_dir)] + [
-                a for k, v in overrides.items() for a in ("--set", f"{k}={_text(v)}")]
-            out.append((_Task(self.workload, self.model, overrides, settings, spec, self.out / name, "timed",
-                              str(self.run_dir), command, self.arrivals.closed), dict(point)))
+            name = "baseline" if not point else f"{self._count:04d}-{slug(point)}"
+            out.append((self.plan.task(checked[0], self.out / name, checked=checked), dict(point)))
         return out
 
     def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None) -> list[Evaluation]:

@@ -128,7 +128,7 @@ def parse_knob(text: str) -> TuneKnob:
             type, ``LO > HI``, a value out of the setting's range (a count below 1, a share
             outside (0, 1]), more than :data:`MAX_VALUES` values.
     """
-    from ..sim.engine_args import SETTINGS, SettingError, _parse_value, unknown_key
+    from ..sim.engine_args import SETTINGS, SettingError, parse_value, unknown_key
 
     key, eq, spec = text.partition("=")
     key = key.strip().replace("-", "_")
@@ -142,13 +142,13 @@ def parse_knob(text: str) -> TuneKnob:
             lo_t, _, hi_t = spec.partition("..")
             if s.type not in (int, float):
                 raise TuneError(f"--knob {text!r}: {key} takes a list of values, not a range")
-            lo, hi = _parse_value(s, lo_t), _parse_value(s, hi_t)
+            lo, hi = parse_value(s, lo_t), parse_value(s, hi_t)
             if lo > hi:
                 raise TuneError(f"--knob {text!r}: LO {lo} is above HI {hi}")
             values = _ladder(lo, hi) if s.type is int else [lo + (hi - lo) * i / (FLOAT_STEPS - 1)
                                                               for i in range(FLOAT_STEPS)]
         else:
-            values = [_parse_value(s, v) for v in spec.split(",") if v.strip()]
+            values = [parse_value(s, v) for v in spec.split(",") if v.strip()]
     except SettingError as e:
         raise TuneError(f"--knob {text!r}: {e}") from None
     values = list(dict.fromkeys(values))
@@ -319,7 +319,6 @@ def tune(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
             replay), an unknown objective, no knob.
     """
     from ..sim.engine_args import SettingError, recorded_settings
-    from ..sim.whatif import _plan
 
     if not knobs:
         raise TuneError("give at least one --knob NAME=LO..HI or NAME=V1,V2,...")
@@ -330,7 +329,7 @@ def tune(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
     for k in knobs:  # what vLLM refuses for one value alone is a usage error, before any replay
         for v in k.values:
             try:
-                _plan(evaluator.workload, {k.setting: v})
+                evaluator.plan.check({k.setting: v})
             except SettingError as e:
                 raise TuneError(f"--knob {k.setting}: {e}") from None
     config = evaluator.workload.config

@@ -48,7 +48,12 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in ENGINE_SETTINGS if s.replayab
 _DERIVED = {"max_num_scheduled_tokens": "max_num_batched_tokens", "max_num_active_seqs": "max_num_seqs"}
 
 
-def _parse_value(setting: Setting, text: str) -> Any:
+def parse_value(setting: Setting, text: str) -> Any:
+    """``text`` as ``setting``'s type (``true``/``on``/``1`` for booleans).
+
+    Raises:
+        SettingError: not of the type, not finite, a policy other than fcfs or priority.
+    """
     text = text.strip()
     if setting.type is bool:
         value = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}.get(text.lower())
@@ -99,7 +104,7 @@ def parse_sets(sets: list[str]) -> list[dict[str, Any]]:
         if key in seen:
             raise SettingError(f"--set {key} given twice; list its values once: {key}=A,B")
         seen.add(key)
-        axes.append([(key, _parse_value(SETTINGS[key], v)) for v in values.split(",") if v.strip()])
+        axes.append([(key, parse_value(SETTINGS[key], v)) for v in values.split(",") if v.strip()])
     return [dict(point) for point in itertools.product(*axes)] if axes else [{}]
 
 
