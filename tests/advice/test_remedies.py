@@ -65,7 +65,8 @@ def settings(p, key, default):
 def test_the_smallest_change_that_reaches_the_goal_is_the_remedy():
     """max_num_seqs 16 → 12, 8 do not end the storm; 4 does (≤ 10 % of 20 preemptions):
     4 is the remedy, 2 is never replayed; more blocks never help and are listed as tried,
-    not offered (the rule's knobs: seqs × 0.75, 0.5, 0.25, 0.125; blocks × 1.25 … 4)."""
+    not offered (the rule's knobs: seqs × 0.75, 0.5, 0.25, 0.125; blocks × 1.25 … 4, then the
+    rule's arithmetic, 177 blocks, tried in its place by the size of the change)."""
     ev = FakeEvaluator(lambda p: 0 if settings(p, "max_num_seqs", 16) <= 6 else 20)
     f = storm()
     (_s,) = remedies.search([f], ev)
@@ -73,14 +74,14 @@ def test_the_smallest_change_that_reaches_the_goal_is_the_remedy():
         [{"max_num_seqs": 12}.items(), {"num_kv_blocks": 50}.items()],
         [{"max_num_seqs": 8}.items(), {"num_kv_blocks": 60}.items()],
         [{"max_num_seqs": 4}.items(), {"num_kv_blocks": 80}.items()],
-        [{"num_kv_blocks": 120}.items()], [{"num_kv_blocks": 160}.items()]]
+        [{"num_kv_blocks": 120}.items()], [{"num_kv_blocks": 160}.items()], [{"num_kv_blocks": 177}.items()]]
     r = f.remedy
     assert (r.setting, r.value, r.whatif, r.checked, r.alternatives) == ("max_num_seqs", 4, {"max_num_seqs": 4},
                                                                          True, [])
     assert r.began_at == {"setting": "num_kv_blocks", "value": 177, "whatif": {"num_kv_blocks": 177},
                           "arithmetic": "the running requests needed 176 blocks"}
     assert (r.predicted["baseline"], r.predicted["predicted"]) == (20.0, 0.0)
-    assert predicted(f)["resolved"] is True and len(predicted(f)["tried"]) == 8
+    assert predicted(f)["resolved"] is True and len(predicted(f)["tried"]) == 9
     assert all(t["met"] is False for t in predicted(f)["tried"] if "num_kv_blocks" in t["settings"])
     json.dumps(f.to_dict())  # the --json shape stays serializable
 
@@ -147,7 +148,7 @@ def test_pairs_only_when_no_single_knob_reaches_the_goal():
     remedies.search([f], ev)
     singles = [b for b in ev.points if all(len(p) == 1 for p in b)]
     pairs = [b for b in ev.points if all(len(p) == 2 for p in b)]
-    assert len(singles) + len(pairs) == len(ev.points) and len(singles) == 5
+    assert len(singles) + len(pairs) == len(ev.points) and len(singles) == 6  # the arithmetic's 177 blocks too
     assert pairs[0] == [{"max_num_seqs": 12, "num_kv_blocks": 50}]  # the smallest pair first
     assert f.remedy.whatif == {"max_num_seqs": 8, "num_kv_blocks": 60} and f.remedy.checked is True
 

@@ -108,7 +108,8 @@ def test_one_preemption_is_no_storm():
 def test_storm_remedy_from_the_peak_kv_demand():
     """63 usable blocks of 128; five requests of 1,536 + 256 tokens (14 blocks each at full
     length) admitted: 70 blocks needed -> max_num_seqs 63 // 14 = 4 leads (more blocks let
-    admission take more requests, design.md §7), or num_gpu_blocks_override 71."""
+    admission take more requests, design.md §7), or num_kv_blocks 71 (named by its whatif
+    name; num_gpu_blocks_override is its engine argument)."""
     r = Run()
     for i in range(5):
         r.add(f"R{i}", 1536, 256)
@@ -123,7 +124,8 @@ def test_storm_remedy_from_the_peak_kv_demand():
     assert "needed 5 × 14 blocks at full length" in f.remedy.arithmetic and "= 70 blocks" in f.remedy.arithmetic
     assert "63 // 14.0 blocks per request = 4" in f.remedy.arithmetic
     alt = f.remedy.alternatives[0]
-    assert (alt["setting"], alt["value"], alt["whatif"]) == ("num_gpu_blocks_override", 71, {"num_kv_blocks": 71})
+    assert (alt["setting"], alt["value"], alt["whatif"]) == ("num_kv_blocks", 71, {"num_kv_blocks": 71})
+    assert "num_kv_blocks ≥ 71 (--num-gpu-blocks-override 71" in alt["arithmetic"]
     assert _ev(f)["first_step"] == 5 and _ev(f)["peak_running"] == 5
 
 
@@ -293,7 +295,9 @@ def test_stall_boundaries_and_the_head_that_never_fits():
     assert f.severity == WARNING and _ev(f)["first_step"] == 4 and _ev(f)["head"] == "BIG"
     assert _ev(f)["head_blocked_by"] == {"kv_cache": 3}
     assert "the head BIG needs 13 blocks for its 200-token prompt and the KV cache has 7: it can never fit" in f.message
-    assert (f.remedy.setting, f.remedy.value) == ("num_gpu_blocks_override", 14)
+    assert (f.remedy.setting, f.remedy.value) == ("num_kv_blocks", 14)
+    assert f.remedy.to_dict()["engine_arg"] == "num_gpu_blocks_override"
+    assert f.remedy.to_dict()["flags"] == ["--num-gpu-blocks-override", "14"]
     assert _stall(50, at_end=True).findings()["stall"].severity == CRITICAL
     assert _stall(49, at_end=True).findings()["stall"].severity == WARNING
     assert _stall(50, at_end=True).findings(live=True)["stall"].severity == WARNING  # still going: not "never"
@@ -316,7 +320,9 @@ def _alone(decode_beside: bool, steps: int = 20) -> Run:
 def test_chunking_without_benefit():
     f = _alone(False).findings()["chunking-without-benefit"]
     assert _ev(f) == {"prompts": 1, "extra_steps": 1, "share_of_steps": 0.05, "reread_kv_tokens": 1024,
-                          "example": "P", "example_prompt_len": 2000, "example_steps": [0, 1]}
+                          "example": "P", "example_prompt_len": 2000, "example_steps": [0, 1], "requests": ["P"]}
+    goal = rules.RULES["chunking-without-benefit"].goal(f)
+    assert (goal.figure, goal.reduce_by, goal.requests) == ("reread_kv_tokens", 0.5, ("P",))
     assert f.severity == WARNING and (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 2048)
     assert _alone(False, steps=21).findings()["chunking-without-benefit"].severity == INFO
     assert "chunking-without-benefit" not in _alone(True).findings()

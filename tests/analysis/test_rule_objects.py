@@ -68,7 +68,7 @@ def test_goals_name_known_figures_and_views_read_typed_evidence():
 
 def test_budget_knob_stays_within_eight_times_the_recorded_budget():
     f = _findings(_storm(100, (100, 100)))["preemption-storm"]
-    knob = next(k for k in RULES["chunking-without-benefit"].knobs if k.setting == "max_num_batched_tokens")
+    knob = next(k for k in RULES["head-of-line-blocking"].knobs if k.setting == "max_num_batched_tokens")
     values = knob.candidates({"max_num_batched_tokens": 512}, f)
     assert values == [768, 1024, 2048, 4096] and max(values) <= BUDGET_MAX_FACTOR * 512
     lp = next(k for k in RULES["head-of-line-blocking"].knobs if k.setting == "long_prefill_token_threshold")
@@ -111,3 +111,25 @@ def test_every_rules_view_lays_out_its_evidence():
     assert RULES["unexplained-wait"].view(f) == ["W waited 40 steps, 0–39: head blocked by deferred 100%",
                                                  "over all of them: deferred 100%"]
     assert RULES["unexplained-wait"].step(f) == 0
+
+
+def test_the_long_prefill_threshold_leaves_room_for_a_short_request_beside_the_long_ones():
+    """Eight long prompts under a 512-token budget and a 64-token short one: each long chunk
+    may take at most (512 − 64) // 8 = 56 tokens, 48 in steps of 16; the shares of the budget
+    (256, 128, 64) would let the long chunks fill it, so only 48 is offered. With one long
+    prompt the bound, 448, is the smallest cap that leaves room, tried first, then the shares
+    (all ≤ 448). With 40 long prompts nothing leaves room: no candidate."""
+    from vllm_probe.analysis.doctor.rules.head_of_line_blocking import (
+        HolBlocked, HolEvidence, HolTaker, long_prefill_candidates,
+    )
+
+    def finding(longs: int) -> Finding:
+        ev = HolEvidence(blocked=[HolBlocked("S", 64, 9, [0, 8], 0.1, 0.2, 0.5, {}, 0)],
+                         takers=[HolTaker(f"L{i}", 2048, 512, 0) for i in range(longs)],
+                         taken_share=1.0, short_requests_blocked=1, complete=True)
+        return Finding("head-of-line-blocking", "warning", "", ev)
+
+    settings = {"max_num_batched_tokens": 512, "long_prefill_token_threshold": 0}
+    assert long_prefill_candidates(settings, finding(8)) == [48]
+    assert long_prefill_candidates(settings, finding(1)) == [448, 256, 128, 64]
+    assert long_prefill_candidates(settings, finding(40)) == []

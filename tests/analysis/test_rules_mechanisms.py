@@ -400,9 +400,11 @@ def test_kv_bound_says_which_concurrency_reading_applies():
                                  "applies")
 
 
-def test_chunking_remedy_stays_within_eight_times_the_budget():
-    """A 9,000-token prompt chunked alone by a 512-token budget: one step would need 9,216,
-    18× the budget; the remedy offers 8× (4,096)."""
+def test_chunking_remedy_holds_the_prompt_even_beyond_eight_times_the_budget():
+    """A 9,000-token prompt chunked alone by a 512-token budget: one step needs 9,216, 18× the
+    budget. That is the rule's own fix, so the remedy and the knob offer it beyond the 8× cap
+    other remedies keep (a cap that forbids the rule's fix is a bug), and say so; the knob
+    tries the scaled budgets below it first."""
     from tests.analysis.test_doctor_rules import Run
 
     r = Run(budget=512, blocks=128)
@@ -413,8 +415,15 @@ def test_chunking_remedy_stays_within_eight_times_the_budget():
         r.step(prefill=b - a)
     r.step(decode=1, times=4)
     f = {f.id: f for f in r.analyze()[2]}["chunking-without-benefit"]
-    assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 4096)
-    assert "more than 8× the budget" in f.remedy.arithmetic
+    assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 9216)
+    assert "more than the 8× of the recorded budget" in f.remedy.arithmetic
+    from vllm_probe.advice.remedies import allowed
+    from vllm_probe.analysis.doctor import RULES
+
+    (knob,) = RULES["chunking-without-benefit"].knobs
+    assert knob.candidates({"max_num_batched_tokens": 512}, f) == [768, 1024, 2048, 4096, 9216]
+    assert allowed("max_num_batched_tokens", 9216, {"max_num_batched_tokens": 512}, {}, knob) is None
+    assert allowed("max_num_batched_tokens", 9216, {"max_num_batched_tokens": 512}, {}) is not None
 
 
 # -- every rule of tests/test_doctor_rules.py's streams, at other step times ------------------------

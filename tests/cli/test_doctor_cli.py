@@ -42,7 +42,7 @@ def test_report_text(tmp_path):
     out = " ".join(r.stdout.split())  # the report wraps at the terminal's width
     assert " CRITICAL stall" in out
     assert "the head BIG needs 13 blocks for its 200-token prompt and the KV cache has 7: it can never fit" in out
-    assert "remedy num_gpu_blocks_override = 14" in out
+    assert "remedy num_kv_blocks = 14 (--num-gpu-blocks-override 14)" in out
     assert f"see vllm-probe tail {run} --replay --from-step 4" in out
 
 

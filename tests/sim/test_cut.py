@@ -135,13 +135,17 @@ def test_doctor_searches_the_storm_on_its_stretch_and_widens_what_runs_past_it(b
     """The storm's remedy search on its stretch tries the same changes, predicts the same
     preemptions and picks the same remedy as on the whole run; max_num_seqs 2 runs the
     storm past the next arrival (2 s later), so it is replayed again on the stretch that
-    includes it (steps 252-873) before it is judged."""
+    includes it (steps 252-873) before it is judged. (The rule's arithmetic, max_num_seqs 3,
+    is left out of the candidates here: it reaches the goal within the stretch, and the
+    search would stop there before trying 2.)"""
     from vllm_probe.advice import remedies
     from vllm_probe.advice.evaluate import Evaluator
     from vllm_probe.analysis.doctor import examine
 
     def storm(whole_run):
         report = examine(bursts)
+        for f in report.findings:
+            f.remedy = None
         with Evaluator(bursts, lazy=True) as ev:
             remedies.search(report.findings, ev, whole_run=whole_run)
         return next(f for f in report.findings if f.id == "preemption-storm")

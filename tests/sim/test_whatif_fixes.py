@@ -109,7 +109,8 @@ def test_whatif_table_with_six_settings_at_160_columns_is_paged_not_cut(tmp_path
     Console(file=out, width=160).print(render(r, 160))
     text = out.getvalue()
     assert "…" not in text
-    assert "Predicted ([1]–[3] of 6)" in text and "Predicted ([4]–[6] of 6)" in text
+    # each setting's cell carries its interval: two settings to a page of 160 columns
+    assert "Predicted ([1]–[2] of 6)" in text and "Predicted ([5]–[6] of 6)" in text
     assert "TTFT median (steps)" in text and "TTFT p90 (steps)" in text
     assert "steps outside the model's fitted region: baseline 0 %" in text
     assert r.configs[-1].replay["outside_region"] > 0  # 1,024-token steps: never recorded at budget 256

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..analysis.objectives import OBJECTIVES, measure
+from ..analysis.objectives import OBJECTIVES, from_rows, measure, request_rows
 
 
 class EvaluateError(Exception):
@@ -75,6 +75,8 @@ class Evaluation:
             the end of its last step (None: not replayed).
         stopped_at: ``(step, elapsed_s)`` when the replay was stopped at its time limit
             (:class:`vllm_probe.sim.replay.ReplayTimeLimit`; ``error`` says so too).
+        figures_by: per-request figures over each subset of request ids asked for
+            (``evaluate(..., subsets=...)``), keyed by the subset (a sorted tuple of ids).
         extrapolated_share: share (0..1) of the replay's predicted seconds that comes from
             feature values beyond the fitted region
             (:attr:`vllm_probe.sim.stepmodel.StepTimeModel.extrapolated_share`; None: as
@@ -93,10 +95,18 @@ class Evaluation:
     virtual_s: float | None = None
     extrapolated_share: float | None = None
     stopped_at: tuple[int, float] | None = None
+    figures_by: dict[tuple[str, ...], dict[str, float | None]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def figure(self, name: str, requests: Iterable[str] = ()) -> float | None:
+        """Figure ``name`` over ``requests`` (a subset asked for when replaying), or over
+        every request when ``requests`` is empty."""
+        if not requests:
+            return self.figures.get(name)
+        return self.figures_by.get(tuple(sorted(requests)), {}).get(name)
 
 
 #: Figures measured per replay over all requests (run-wide and per-request).
@@ -105,7 +115,8 @@ ALL_FIGURES = tuple(OBJECTIVES)
 SUBSET_FIGURES = tuple(n for n, o in OBJECTIVES.items() if o.request_field is not None)
 
 
-def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation:
+def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool,
+                   subsets: tuple[tuple[str, ...], ...] = ()) -> Evaluation:
     """Replay one :class:`vllm_probe.sim.plan.ReplayTask` and measure it (runs in a worker:
     a forked process or a Ray task)."""
     import shutil
@@ -128,6 +139,9 @@ def _evaluate_task(task: Any, subset: tuple[str, ...], keep: bool) -> Evaluation
                     str(result.run_dir), None, time.perf_counter() - start,
                     result.replay.get("outside_region"), result.replay.get("virtual_s"),
                     result.replay.get("extrapolated_share"))
+    if subsets:
+        rows = request_rows(result.run_dir)  # one read for every subset
+        ev.figures_by = {ids: {n: from_rows(rows, n, ids) for n in SUBSET_FIGURES} for ids in subsets}
     if not keep:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return ev
@@ -249,6 +263,36 @@ class Evaluator:
 
         return baseline_error(self.recorded, self.baseline.summary)
 
+    @functools.cached_property
+    def spread(self) -> Any:
+        """The :class:`~vllm_probe.sim.intervals.Spread` of this recording's replays: the
+        baseline replayed again at the recording's slowest and fastest speed (two replays,
+        on first use)."""
+        from ..sim.intervals import TIMED, measure_spread
+
+        def replay_at(factor: float) -> dict[str, float | None] | None:
+            import dataclasses
+
+            checked = self.plan.check({})
+            task = self.plan.task({}, self.out / f"speed-{factor:.3f}", checked=checked,
+                                  model=dataclasses.replace(self.model, scale=self.model.scale * factor))
+            task.time_limit_s = self._time_limit()
+            ev = _evaluate_task(task, (), False)
+            self.replays += 1
+            return ev.figures if ev.ok else None
+
+        base = self.baseline
+        return measure_spread(self.plan.drift, base.figures, {n: self.recorded_figures.get(n) for n in TIMED},
+                              base.extrapolated_share, replay_at)
+
+    def intervals(self, ev: Evaluation, requests: Iterable[str] = ()) -> dict[str, Any]:
+        """The :class:`~vllm_probe.sim.intervals.Interval` of each timed figure of ``ev``
+        (over ``requests`` when given: the response to speed is the whole run's)."""
+        if not ev.ok:
+            return {}
+        figures = ev.figures if not requests else ev.figures_by.get(tuple(sorted(requests)), ev.figures_subset)
+        return self.spread.intervals(figures, ev.extrapolated_share)
+
     def cut(self, stretch: Any) -> Evaluator:
         """An evaluator of the :class:`~vllm_probe.sim.cut.Stretch` ``stretch`` of this
         recording alone (written once under :attr:`out`, kept for later calls), with this
@@ -294,17 +338,20 @@ class Evaluator:
             out.append((self.plan.task(checked[0], self.out / name, checked=checked), dict(point)))
         return out
 
-    def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None) -> list[Evaluation]:
+    def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None,
+                 subsets: Iterable[Iterable[str]] = ()) -> list[Evaluation]:
         """One :class:`Evaluation` per point, in order (a point vLLM refuses: ``error``);
         ``requests``: the subset for :attr:`Evaluation.figures_subset` (default: the
-        evaluator's)."""
+        evaluator's); ``subsets``: more subsets, each measured into
+        :attr:`Evaluation.figures_by`."""
         subset = tuple(requests) if requests is not None else self.requests
+        more = tuple(tuple(sorted(x)) for x in subsets if x)
         planned = self._tasks(points)
         runnable = [t for t, _ in planned if t is not None]
         limit = self._time_limit()  # after planning: vLLM's checks import its config modules (seconds, once)
         for t in runnable:
             t.time_limit_s = limit
-        args = [(t, subset, self.keep) for t in runnable]
+        args = [(t, subset, self.keep, more) for t in runnable]
         if self._ray is not None:
             results = self._ray_map(args)
         elif self.jobs > 1 and len(args) > 1:

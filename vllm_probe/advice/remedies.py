@@ -145,8 +145,11 @@ def _release_ok(knob: Knob) -> bool:
         return False
 
 
-def allowed(setting: str, value: Any, recorded: dict[str, Any], config: dict[str, Any]) -> str | None:
-    """Why ``setting = value`` is out of bounds (one line), or None when it may be tried."""
+def allowed(setting: str, value: Any, recorded: dict[str, Any], config: dict[str, Any],
+            knob: Knob | None = None) -> str | None:
+    """Why ``setting = value`` is out of bounds (one line), or None when it may be tried
+    (``knob``: the rule's knob proposing it; one bounded by its rule's mechanism is not held
+    to the operators' budget cap)."""
     from ..sim.engine_args import SETTINGS
 
     if setting not in SETTINGS:
@@ -154,7 +157,10 @@ def allowed(setting: str, value: Any, recorded: dict[str, Any], config: dict[str
     platform = str(config.get("platform") or config.get("device") or "").lower()
     if setting == "gpu_memory_utilization" and (platform == "cpu" or not config.get("device_memory_bytes")):
         return "gpu_memory_utilization: the CPU platform sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"
-    if setting in _BUDGETS:
+    out_of_bounds = SETTINGS[setting].out_of_bounds(value)
+    if out_of_bounds:
+        return out_of_bounds
+    if setting in _BUDGETS and not (knob is not None and knob.beyond_cap):
         base = recorded.get(setting) or recorded.get("max_num_batched_tokens")
         if base and value > MAX_BUDGET_FACTOR * base:
             return f"{setting}={value}: more than {MAX_BUDGET_FACTOR}× the recorded {base}"
@@ -310,22 +316,7 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
             objective(goal.figure)
         except ValueError:
             continue
-        s = Search(f, goal, [], {})
-        for knob in rule.knobs:
-            if not _release_ok(knob):
-                s.skipped.append(f"{knob.setting}: needs vLLM {knob.min_release}")
-                continue
-            values = []
-            for v in knob.candidates(recorded, f):
-                why = allowed(knob.setting, v, recorded, config)
-                if why is None:
-                    values.append(v)
-                elif why not in s.skipped:
-                    s.skipped.append(why)
-            if values:
-                s.knobs.append(knob)
-                s.candidates[knob.setting] = values
-        searches.append(s)
+        searches.append(_prepared(Search(f, goal, [], {}), rule, recorded, config))
     evaluator.deadline = deadline  # replays still running at the deadline are stopped
     try:
         for s in searches:
@@ -342,6 +333,34 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
     finally:
         evaluator.deadline = None
     return searches
+
+
+def _prepared(s: Search, rule: Rule, recorded: dict[str, Any], config: dict[str, Any]) -> Search:
+    """``s`` with its knobs and their candidates: the rule's, within bounds, with the rule's
+    arithmetic value among them in the order of the size of the change (the search tries
+    the arithmetic before it says anything of it)."""
+    arithmetic = s.finding.remedy.whatif if s.finding.remedy is not None else {}
+    for knob in rule.knobs:
+        if not _release_ok(knob):
+            s.skipped.append(f"{knob.setting}: needs vLLM {knob.min_release}")
+            continue
+        values = list(knob.candidates(recorded, s.finding))
+        a = arithmetic.get(knob.setting) if len(arithmetic) == 1 else None
+        if a is not None and a not in values and a != recorded.get(knob.setting):
+            values.append(a)
+            if knob.direction != "set":
+                values.sort(key=lambda v: _size({knob.setting: v}, recorded))
+        kept = []
+        for v in values:
+            why = allowed(knob.setting, v, recorded, config, knob)
+            if why is None:
+                kept.append(v)
+            elif why not in s.skipped:
+                s.skipped.append(why)
+        if kept:
+            s.knobs.append(knob)
+            s.candidates[knob.setting] = kept
+    return s
 
 
 def _baseline_failed(error: EvaluateError, evaluator: Evaluator, budget_s: float) -> str:

@@ -128,6 +128,11 @@ class ChunkedAlone:
     longest_prompt: int = 0  # tokens
     example: str | None = None  # the request with the longest such prompt
     example_steps: tuple[int, int] | None = None  # its first and last chunk's steps
+    requests: list[str] = field(default_factory=list)  # the first CHUNKED_ALONE_KEPT of them
+
+
+#: Requests :class:`ChunkedAlone` names (its counts cover every one).
+CHUNKED_ALONE_KEPT = 64
 
 
 #: An admitted request whose first token is not known yet: (arrival_step, first_step,
@@ -593,6 +598,8 @@ class Episodes(StateListener):
         c.prompts += 1
         c.extra_steps += p.chunks - 1
         c.reread_tokens += p.reread
+        if len(c.requests) < CHUNKED_ALONE_KEPT:
+            c.requests.append(rid)
         req = ep.eng.requests.get(rid)
         plen = (req.prompt_len if req is not None else None) or 0
         if plen > c.longest_prompt or c.example is None:

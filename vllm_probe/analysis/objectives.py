@@ -41,8 +41,9 @@ class Objective:
         better: ``lower`` or ``higher``.
         summary_path: dotted path in :class:`Summary` (None: per-request only).
         request_field: :class:`RequestState` property for a subset (None: run-wide only).
-        q: the quantile of ``request_field`` (0.5, 0.9, 0.99).
+        q: the quantile of ``request_field`` (0.5, 0.9, 0.99); None with ``total``.
         doc: one line.
+        total: over some requests, the sum of ``request_field`` (a count), not a quantile.
     """
 
     name: str
@@ -52,6 +53,7 @@ class Objective:
     request_field: str | None = None
     q: float | None = None
     doc: str = ""
+    total: bool = False
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
@@ -59,18 +61,24 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("worst_request_preemptions", "preemptions", "lower", "preemptions.worst_preemptions",
               doc="preemptions of the most preempted request"),
     Objective("ttft_p50", "s", "lower", "latency.ttft_s.median", "ttft_s", 0.5, "time to first token, median"),
+    Objective("ttft_max", "s", "lower", "latency.ttft_s.max", doc="time to first token, the longest"),
     Objective("ttft_p90", "s", "lower", "latency.ttft_s.p90", "ttft_s", 0.9, "time to first token, p90"),
     Objective("ttft_p99", "s", "lower", None, "ttft_s", 0.99, "time to first token, p99 (per-request rows)"),
+    Objective("queue_p50", "s", "lower", "latency.queue_s.median", "queue_time_s", 0.5,
+              "arrival to first scheduled chunk, median"),
     Objective("queue_p90", "s", "lower", "latency.queue_s.p90", "queue_time_s", 0.9,
               "arrival to first scheduled chunk, p90"),
+    Objective("itl_p50", "s", "lower", "latency.itl_s.median", "mean_itl_s", 0.5,
+              "per-request mean inter-token time, median"),
     Objective("itl_p90", "s", "lower", "latency.itl_s.p90", "mean_itl_s", 0.9,
               "per-request mean inter-token time, p90"),
+    Objective("e2e_p50", "s", "lower", "latency.e2e_s.median", "e2e_s", 0.5, "arrival to finish, median"),
     Objective("e2e_p90", "s", "lower", "latency.e2e_s.p90", "e2e_s", 0.9, "arrival to finish, p90"),
     Objective("held_slot_steps", "steps", "lower", None,
               doc="steps whose waiting head was held back as `deferred` (head_blocked_by): under "
                   "AsyncScheduler, slots held by requests that produced their last token (design.md §7)"),
-    Objective("reread_kv_tokens", "tokens", "lower", "chunking.reread_kv_tokens",
-              doc="KV tokens re-read because prompts were chunked"),
+    Objective("reread_kv_tokens", "tokens", "lower", "chunking.reread_kv_tokens", "reread_tokens",
+              doc="KV tokens re-read because prompts were chunked", total=True),
     Objective("output_tokens_per_s", "tokens/s", "higher", "output_tokens_per_s",
               doc="output tokens of finished requests / duration"),
     Objective("duration_s", "s", "lower", "duration_s", doc="first step's start to last step"),
@@ -81,6 +89,11 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
 
 class ObjectiveError(ValueError):
     """An unknown figure name; the message is one line with the known names."""
+
+
+#: Objective names by the summary path they read (``"latency.ttft_s.p90"`` → ``ttft_p90``):
+#: how a row of ``compare``'s table finds its figure's name.
+BY_SUMMARY_PATH: dict[str, str] = {o.summary_path: n for n, o in OBJECTIVES.items() if o.summary_path}
 
 
 def objective(name: str) -> Objective:
@@ -129,11 +142,13 @@ def request_rows(run_dir: str | Path) -> list[RequestState]:
 def from_rows(rows: Iterable[RequestState], name: str, requests: Iterable[str] | None = None) -> float | None:
     """A per-request figure over ``rows`` (only the ids in ``requests`` when given)."""
     o = objective(name)
-    if o.request_field is None or o.q is None:
+    if o.request_field is None or (o.q is None and not o.total):
         raise ObjectiveError(f"{name} is a run-wide figure; it cannot be measured over some requests")
     keep = set(requests) if requests else None
     vals = sorted(v for r in rows if keep is None or r.req_id in keep
                   for v in (getattr(r, o.request_field),) if v is not None)
+    if o.total:
+        return float(sum(vals))
     return quantile(vals, o.q)
 
 
@@ -179,5 +194,5 @@ def better(name: str, a: float | None, b: float | None) -> bool:
     return a < b if objective(name).better == "lower" else a > b
 
 
-__all__ = ["OBJECTIVES", "Objective", "ObjectiveError", "better", "from_rows", "from_summary", "measure",
-           "objective", "request_rows"]
+__all__ = ["BY_SUMMARY_PATH", "OBJECTIVES", "Objective", "ObjectiveError", "better", "from_rows", "from_summary",
+           "measure", "objective", "request_rows"]

@@ -54,6 +54,7 @@ class RequestState:
     preemptions: int = 0
     discarded_tokens: int = 0
     recomputed_tokens: int = 0  # tokens of chunks in resumed passes
+    reread_tokens: int = 0  # KV tokens its chunks read again (figures.chunk_reread_tokens)
     prefix_hit_tokens: int = 0  # of the first pass
     output_tokens: int | None = None  # known at preemption and at finish
     pass_end_step: int | None = None  # step of the last chunk of the latest finished prefill pass

@@ -357,7 +357,9 @@ class RunState:
         end = start if ev.end is None else ev.end
         index = ev.chunk_index or 0
         pf.chunk_tokens += end - start
-        pf.reread_kv_tokens += chunk_reread_tokens(index, start)
+        reread = chunk_reread_tokens(index, start)
+        pf.reread_kv_tokens += reread
+        req.reread_tokens += reread
         if ev.prompt_len is not None:
             req.prompt_len = ev.prompt_len
         if index == 0:
@@ -520,3 +522,32 @@ class StateListener:
 
     def on_step(self, eng: EngineState, ev: Any) -> None:
         """A step ended (``step``), after the chunks and preemptions it caused."""
+
+
+class Listeners(StateListener):
+    """Several listeners on one state (``RunState`` takes one): each transition is passed
+    to each of them, in the order given (the doctor's episodes and a page's series follow
+    the same read)."""
+
+    def __init__(self, *listeners: StateListener) -> None:
+        self.listeners = listeners
+
+    def on_added(self, eng: EngineState, req: RequestState, ev: Any) -> None:
+        for listener in self.listeners:
+            listener.on_added(eng, req, ev)
+
+    def on_chunk(self, eng: EngineState, req: RequestState, ev: Any) -> None:
+        for listener in self.listeners:
+            listener.on_chunk(eng, req, ev)
+
+    def on_preempt(self, eng: EngineState, req: RequestState, ev: Any) -> None:
+        for listener in self.listeners:
+            listener.on_preempt(eng, req, ev)
+
+    def on_finished(self, eng: EngineState, req: RequestState) -> None:
+        for listener in self.listeners:
+            listener.on_finished(eng, req)
+
+    def on_step(self, eng: EngineState, ev: Any) -> None:
+        for listener in self.listeners:
+            listener.on_step(eng, ev)

@@ -133,6 +133,8 @@ class ConfigResult:
         run_dir: the simulated run directory.
         summary: its :class:`~vllm_probe.analysis.summary.Summary`.
         replay: ``steps``, ``wall_s``, ``cpu_s``, ``virtual_s`` of the replay loop.
+        intervals: each figure in seconds (objective names) with its
+            :class:`~vllm_probe.sim.intervals.Interval` (filled by ``whatif``).
     """
 
     settings: dict[str, Any]
@@ -140,10 +142,12 @@ class ConfigResult:
     run_dir: Path
     summary: Summary
     replay: dict[str, Any] = field(default_factory=dict)
+    intervals: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings, "overrides": self.overrides, "run_dir": str(self.run_dir),
-                "summary": self.summary.to_dict(), "replay": self.replay}
+                "summary": self.summary.to_dict(), "replay": self.replay,
+                "intervals": {k: v.to_dict() for k, v in self.intervals.items()}}
 
 
 def quiet_vllm() -> None:

@@ -33,14 +33,17 @@ events, the flag named).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..analysis.objectives import measure
 from ..analysis.summary import Summary
 from ..analysis.workload import WorkloadError
 from .arrivals import Arrivals
 from .engine_args import SettingError
+from .intervals import MIN_SPEED_SPREAD, TIMED, Spread, measure_spread, speed_range
 from .plan import (
     BASELINE_TOLERANCES, DRIFT_NOTE, DRIFT_REPLAY, MODEL_SOURCES, ConfigResult, ProfileRefused, StepTimeChoice,
     WhatifError, baseline_error, notes_of, prepare, quiet_vllm, require_vllm, run_all, setting_text, slug,
@@ -80,6 +83,7 @@ class WhatifResult:
     forced: str | None = None
     drift: dict[str, Any] | None = None
     step_time_model: StepTimeChoice | None = None
+    spread: Spread | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``whatif --json`` object: ``source``, ``model``, ``baseline`` (``summary``,
@@ -98,6 +102,7 @@ class WhatifResult:
             "forced": self.forced,
             "step_time_model": self.step_time_model.to_dict() if self.step_time_model else None,
             "drift": self.drift,
+            "spread": self.spread.to_dict() if self.spread else None,
         }
 
 
@@ -168,10 +173,20 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
                                model=DriftModel(plan.model, factors)))
     if trace is not None:  # the model's credibility: the like run against its own replay
         tasks.insert(0, plan.task({}, out / "baseline", workload=plan.workload, checked=checked[0]))
+    slow, fast = speed_range(plan.drift)
+    at_speed = slow - fast > MIN_SPEED_SPREAD  # the baseline at the recording's slowest and fastest tenths
+    if at_speed:
+        tasks += [plan.task({}, out / name, workload=plan.workload if trace is not None else None, checked=checked[0],
+                            model=dataclasses.replace(plan.model, scale=plan.model.scale * f))
+                  for name, f in (("baseline-slowest-speed", slow), ("baseline-fastest-speed", fast))]
     results = run_all(tasks, jobs)
+    speeds = [results.pop(-2), results.pop()] if at_speed else []
     recorded = plan.recorded
     drift_info: dict[str, Any] | None = None
     error = baseline_error(recorded, results[0].summary)
+    spread = _spread(plan.drift, recorded, results[0], speeds)
+    for r in results:
+        r.intervals = spread.intervals(measure(None, TIMED, summary=r.summary), r.replay.get("extrapolated_share"))
     if drift_on:
         replayed = results.pop()
         drift_info = {"factors": [[s, f] for s, f in factors], "range": [min(f for _, f in factors),
@@ -184,7 +199,18 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     return WhatifResult(str(trace or run_dir), plan.model, recorded, results[0], error, results[1:], notes,
                         like=str(run_dir) if trace is not None else None, arrivals=plan.arrivals,
                         profile=plan.choice.profile, forced=plan.choice.forced, drift=drift_info,
-                        step_time_model=plan.choice)
+                        step_time_model=plan.choice, spread=spread)
+
+
+def _spread(drift: list[tuple[int, float]], recorded: Summary, baseline: ConfigResult,
+            speeds: list[ConfigResult]) -> Spread:
+    """The intervals' spread from the baseline and its replays at the slowest and fastest
+    speed (``speeds``; empty: the speed did not move)."""
+    figures = {id(c): measure(None, TIMED, summary=c.summary) for c in (baseline, *speeds)}
+    at = dict(zip(speed_range(drift), speeds)) if speeds else {}
+    return measure_spread(drift, figures[id(baseline)], measure(None, TIMED, summary=recorded),
+                          baseline.replay.get("extrapolated_share"),
+                          lambda f: figures[id(at[f])] if f in at else None)
 
 
 def _drift_note(drift: float, error: dict[str, Any], replayed: dict[str, Any]) -> str:

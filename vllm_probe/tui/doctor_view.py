@@ -81,7 +81,8 @@ def _finding(f: Finding, run_dir: str) -> RenderableType:
         rows.append(("engine", Text(f"data-parallel rank {f.engine}")))
     r = f.remedy
     if r is not None:
-        rows.append(("remedy", Text.assemble((f"{r.setting} = {figure(r.value)}", "bold green"))))
+        rows.append(("remedy", Text.assemble((f"{r.setting} = {figure(r.value)}", "bold green"),
+                                             (f"  ({' '.join(r.to_dict()['flags'])})", "dim"))))
         rows.append(("", Text(r.arithmetic)))
         for alt in r.alternatives:
             rows.append(("", Text.assemble(("or ", "dim"), (f"{alt['setting']} = {figure(alt['value'])}", "green"),

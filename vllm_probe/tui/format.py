@@ -64,6 +64,24 @@ def figure(value: Any, unit: str = "") -> str:
     return fmt_figure(value, unit)
 
 
+def with_range(value: Any, lo: float | None, hi: float | None, unit: str = "") -> str:
+    """A figure and its interval, the range in the figure's own scale: ``1.23 s (1.05–1.41)``,
+    ``7.4 ms (6.5–8.0)``, ``505.0 (464.7–574.0)``; the figure alone without a range."""
+    text = figure(value, unit)
+    if lo is None or hi is None or value is None or isinstance(value, (bool, str)) or figure(lo, unit) == figure(
+            hi, unit):
+        return text
+    if unit == "s":
+        if abs(value) < 0.01:
+            scale, fmt = 1e3, "{:.1f}"
+        elif abs(value) < 1.0:
+            scale, fmt = 1e3, "{:.0f}"
+        else:
+            scale, fmt = 1.0, "{:.2f}" if abs(value) < 60 else "{:,.0f}"
+        return f"{text} ({fmt.format(lo * scale)}–{fmt.format(hi * scale)})"
+    return f"{text} ({figure(lo, unit)}–{figure(hi, unit)})"
+
+
 def signed(d: float, rel: float | None, unit: str = "") -> str:
     """A delta by its figure's unit: ``+1.20 s (+40%)``, ``−3 (−12%)``; shares (``%``)
     in percentage points, ``+5.0 pt``. Minus is a real minus sign, as wide as the plus."""

@@ -18,8 +18,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.compare import FIGURE
+from ..analysis.objectives import BY_SUMMARY_PATH
 from .compare_view import fmt_delta
-from .format import figure
+from .format import figure, with_range
 
 #: The rows of the side-by-side table, by compare's figure labels.
 ROWS = ("steps", "duration", "output tokens/s", "preemptions", "discarded tokens", "chunks/prompt mean",
@@ -28,8 +29,8 @@ ROWS = ("steps", "duration", "output tokens/s", "preemptions", "discarded tokens
 #: Columns a setting takes in the table (its value and its delta), and the first three
 #: (labels, recorded, baseline): settings beyond the width go to further tables (pages)
 #: rather than cutting cells.
-SETTING_COLUMNS = 34
-FIXED_COLUMNS = 54
+SETTING_COLUMNS = 42
+FIXED_COLUMNS = 56
 
 
 def _model_line(model: Any) -> Text:
@@ -173,10 +174,24 @@ def _table(result: Any, runs: list[tuple[str, Any]], page: list[int], title: str
         t.add_section()
     for label in ROWS:
         f = FIGURE[label]
+        name = BY_SUMMARY_PATH.get(str(f.path))
         base = f.get(result.baseline.summary)
-        cells = [figure(f.get(runs[0][1]), f.unit), figure(base, f.unit)]
+        base_iv = result.baseline.intervals.get(name)
+        cells = [figure(f.get(runs[0][1]), f.unit), with_interval(base, base_iv, f.unit)]
         for k in page:
-            v = f.get(runs[2 + k][1])
-            cells += [figure(v, f.unit), fmt_delta(f, base, v)]
+            c = result.configs[k]
+            v = f.get(c.summary)
+            iv = c.intervals.get(name)
+            unclear = base_iv is not None and iv is not None and v != base and not base_iv.separates(iv)
+            cells += [with_interval(v, iv, f.unit),
+                      Text("unclear", style="dim") if unclear else fmt_delta(f, base, v)]
         t.add_row(label, *cells)
+    if any(c.intervals for c in (result.baseline, *result.configs)):
+        t.caption = ("(lo–hi): where a run at that setting may land, from the recording's own speed spread; a Δ "
+                     "reads 'unclear' where the two ranges overlap")
     return t
+
+
+def with_interval(value: Any, iv: Any, unit: str) -> str:
+    """``1.23 s (1.05–1.41)`` (the value alone without an interval)."""
+    return with_range(value, iv.lo if iv is not None else None, iv.hi if iv is not None else None, unit)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from ...schema.engine_settings import engine_arg_of, serve_flags
 from ..engine_state import EngineState
 from ..episodes import EngineEpisodes
 from .evidence import Evidence
@@ -49,8 +50,9 @@ class Remedy:
     """What to change, by how much, and why.
 
     Attributes:
-        setting: the vLLM engine argument to change (as ``vllm serve`` / ``LLM(...)``
-            spell it with underscores), e.g. ``num_gpu_blocks_override``.
+        setting: the setting to change, by its ``whatif`` name (``num_kv_blocks``); its
+            engine argument and ``vllm serve`` flag are in ``to_dict()``'s ``engine_arg``
+            and ``flags`` (:mod:`vllm_probe.schema.engine_settings`).
         value: the suggested value, computed from the run.
         arithmetic: how the value follows from the run's numbers, one line.
         tradeoff: what the change costs, one line.
@@ -72,7 +74,12 @@ class Remedy:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields, with ``engine_arg`` and ``flags`` (the same change as vLLM spells it)
+        after ``value``."""
+        d = asdict(self)
+        out = {"setting": d.pop("setting"), "value": d.pop("value"), "engine_arg": engine_arg_of(self.setting),
+               "flags": serve_flags({self.setting: self.value})}
+        return out | d
 
 
 class GoalRecord(msgspec.Struct):

@@ -67,11 +67,19 @@ def seqs_down_candidates(settings: dict[str, Any], finding: Finding) -> list[int
 
 def seqs_up_candidates(settings: dict[str, Any], finding: Finding) -> list[int]:
     """``max_num_seqs`` × 1.5, 2, 3, 4, never above what the KV cache holds at full length
-    (advice converges: a storm's remedy lowered it to that)."""
+    (advice converges: a storm's remedy lowered it to that), and that cap itself when it
+    lies between the recorded value and a scaled one (a full running queue of 30 under a
+    cap of 31 is offered 31, not nothing)."""
     values = scaled("max_num_seqs", (1.5, 2, 3, 4))(settings, finding)
     b = finding.basis
     cap = seqs_cap(b.eng, b.ep) if isinstance(b, EngineBasis) else None
-    return [v for v in values if cap is None or v <= cap]
+    if cap is None:
+        return values
+    base = recorded_int(settings, "max_num_seqs") or 0
+    kept = [v for v in values if v <= cap]
+    if cap > base and cap not in kept and len(kept) < len(values):
+        kept.append(cap)  # the most the cache holds: the largest step the rule allows
+    return kept
 
 
 #: ``max_num_seqs`` down from the running peak: fewer requests outgrow the KV cache.

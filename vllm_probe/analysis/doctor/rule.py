@@ -58,6 +58,9 @@ class Goal:
         steps: ``(first, last)`` recorded steps: measure the figure over the requests that
             waited in them (in the waiting queue after at least one of those steps), e.g.
             a limit's steps; resolved to ``requests`` by the remedy search. None: not used.
+        watch: ``(label, request ids)`` of requests a remedy may cost, whose ``figure`` is
+            reported beside the goal as a trade-off (e.g. the long prompts a chunk cap
+            slows down).
     """
 
     figure: str
@@ -65,6 +68,7 @@ class Goal:
     reduce_by: float | None = None
     requests: tuple[str, ...] = ()
     steps: tuple[int, int] | None = None
+    watch: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def met(self, recorded: float | None, predicted: float | None) -> bool | None:
         """Whether ``predicted`` reaches the goal; None when either figure is unknown."""
@@ -96,12 +100,17 @@ class Knob:
             what operators run (e.g. a budget within 8x the recorded one) and by the
             platform (:class:`vllm_probe.analysis.doctor.context.Platform`-like bounds).
         min_release: the first vLLM release that has the setting (None: every supported).
+        beyond_cap: its candidates are bounded by the rule's own mechanism, not by what
+            operators usually run (a token budget that holds the one prompt a rule is about
+            may exceed :data:`~vllm_probe.analysis.doctor.knobs.BUDGET_MAX_FACTOR` × the
+            recorded one).
     """
 
     setting: str
     direction: Literal["up", "down", "set"]
     candidates: Callable[[dict[str, Any], Finding], Sequence[Any]]
     min_release: str | None = None
+    beyond_cap: bool = False
 
 
 @dataclass(frozen=True)

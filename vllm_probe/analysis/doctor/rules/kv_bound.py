@@ -13,7 +13,7 @@ from ...episodes import EngineEpisodes
 from ..context import SRC_FULL_ISL, SRC_SGLANG, Context, cdiv, fmt_count, fmt_pct
 from ..findings import WARNING, Finding, Remedy, basis_of
 from ..knobs import KNOB_BLOCKS_UP, KNOB_SEQS_DOWN
-from ..kv import kv_remedy, mean_full_blocks, vllm_concurrency
+from ..kv import kv_remedy, mean_full_blocks, memory_advice, memory_cost, vllm_concurrency
 from ..limits import (
     BOUND_THRESHOLDS, BoundBasis, BoundEvidence, LimitSteps, binding, bound_goal, bound_step, view_bound,
 )
@@ -75,12 +75,12 @@ def _blocks_for_everyone(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) 
         return None
     every = " (all of the run's)" if target == eng.requests_added else ""
     return Remedy(
-        "num_gpu_blocks_override", need,
+        "num_kv_blocks", need,
         f"up to {agg.running_max} ran and {agg.waiting_max} waited: {target} requests{every} × {per:.1f} blocks at "
         f"full length (prompt + max_tokens, {cfg.block_size} tokens per block) + 1 reserved = {fmt_count(need)} "
-        f"blocks; the KV cache has {fmt_count(cfg.num_kv_blocks)} → num_gpu_blocks_override {fmt_count(need)} (on a "
-        "GPU: raise gpu_memory_utilization until vLLM reports that many)",
-        "more KV blocks take device memory (gpu_memory_utilization: less headroom for activations)",
+        f"blocks; the KV cache has {fmt_count(cfg.num_kv_blocks)} → num_kv_blocks {fmt_count(need)} "
+        f"({memory_advice(cfg, need)})",
+        memory_cost(cfg),
         SRC_SGLANG + "; " + SRC_FULL_ISL, whatif={"num_kv_blocks": need})
 
 

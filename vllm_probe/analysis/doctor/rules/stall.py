@@ -17,6 +17,7 @@ from ..context import (
 from ..evidence import Evidence
 from ..findings import CRITICAL, WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import KNOB_ASYNC_OFF, KNOB_BLOCKS_UP
+from ..kv import memory_advice, memory_cost
 from ..rule import Goal, Rule, Threshold
 from . import held_slots
 
@@ -142,10 +143,10 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
                       SRC_ASYNC)
     head, head_len, need, usable, block = b.head, b.head_prompt_len or 0, b.need, b.usable, b.block_size
     return Remedy(
-        "num_gpu_blocks_override", need + 1,
+        "num_kv_blocks", need + 1,
         f"{head}'s prompt: ⌈{fmt_count(head_len)} / {block}⌉ = {need} blocks + 1 reserved → "
-        f"num_gpu_blocks_override ≥ {need + 1}; or max_model_len ≤ {fmt_count(usable * block)} so that "
-        f"vLLM rejects such prompts at once", "more KV blocks take device memory",
+        f"num_kv_blocks ≥ {need + 1} ({memory_advice(b.eng.config, need + 1)}); or max_model_len ≤ "
+        f"{fmt_count(usable * block)} so that vLLM rejects such prompts at once", memory_cost(b.eng.config),
         "vLLM issue #39734: a request that fits max_model_len but never the KV cache stalls the queue",
         whatif={"num_kv_blocks": need + 1})
 
