@@ -46,10 +46,13 @@ class FakeEvaluator:
             return Evaluation(dict(p), error=str(e))
         return Evaluation(dict(p), figures={"preemptions": float(v), "itl_p90": 0.01})
 
-    def evaluate(self, points, requests=None):
+    def evaluate(self, points, requests=None, subsets=()):
         self.points.append([dict(p) for p in points])
         self.replays += len(points)
         return [self._one(p) for p in points]
+
+    def intervals(self, ev, requests=()):
+        return {}  # a stand-in with no speed spread: every direction by the values
 
 
 def storm():

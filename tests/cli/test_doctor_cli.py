@@ -24,7 +24,10 @@ def test_json_shape_and_exit_codes(tmp_path, capsys):
     ok = _write(_storm(200, (1, 1)), tmp_path / "storm")
     assert cli.main(["doctor", str(ok), "--json", "--no-replay"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert list(data) == ["run_dir", "findings"] and data["run_dir"] == str(ok)
+    assert list(data) == ["run_dir", "plan", "findings"] and data["run_dir"] == str(ok)
+    # --no-replay: the plan is the rules' arithmetic, said so
+    assert data["plan"]["checked"] is False and data["plan"]["left_because"]["preemption-storm"] == (
+        "arithmetic, not checked by the replay: --no-replay")
     (f,) = [f for f in data["findings"] if f["id"] == "preemption-storm"]
     assert list(f) == ["id", "severity", "message", "evidence", "remedy", "predicted"]
     assert f["severity"] == "warning" and f["predicted"] is None

@@ -75,7 +75,7 @@ from ..analysis.doctor.findings import (
 )
 from ..analysis.doctor.knobs import BUDGET_MAX_FACTOR
 from ..analysis.doctor.rule import Goal, Knob, Rule
-from ..analysis.objectives import objective
+from ..analysis.objectives import measure, objective
 from ..analysis.workload import Workload
 from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator, raise_failed
 
@@ -228,7 +228,7 @@ def _itl(t: Tried) -> float:
     return v if v is not None else math.inf
 
 
-def _size(overrides: dict[str, Any], recorded: dict[str, Any]) -> float:
+def change_size(overrides: dict[str, Any], recorded: dict[str, Any]) -> float:
     total = 0.0
     for k, v in overrides.items():
         r = recorded.get(k)
@@ -273,10 +273,10 @@ def _evaluator_for(s: Search, evaluator: Evaluator, whole_run: bool) -> Evaluato
     if whole_run:
         return evaluator
     span = goal_steps(s.goal, s.finding, evaluator.workload)
-    return _cut_or_whole(evaluator, stretch_for(evaluator.workload, *span) if span is not None else None)
+    return cut_or_whole(evaluator, stretch_for(evaluator.workload, *span) if span is not None else None)
 
 
-def _cut_or_whole(whole: Evaluator, stretch: Any) -> Evaluator:
+def cut_or_whole(whole: Evaluator, stretch: Any) -> Evaluator:
     """``whole``'s evaluator of ``stretch``; ``whole`` itself when there is no stretch or it
     cannot be cut out (a disk error, a stretch the replay cannot take)."""
     if stretch is None:
@@ -349,7 +349,7 @@ def _prepared(s: Search, rule: Rule, recorded: dict[str, Any], config: dict[str,
         if a is not None and a not in values and a != recorded.get(knob.setting):
             values.append(a)
             if knob.direction != "set":
-                values.sort(key=lambda v: _size({knob.setting: v}, recorded))
+                values.sort(key=lambda v: change_size({knob.setting: v}, recorded))
         kept = []
         for v in values:
             why = allowed(knob.setting, v, recorded, config, knob)
@@ -380,8 +380,6 @@ def _baseline_failed(error: EvaluateError, evaluator: Evaluator, budget_s: float
 def _references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | None, Evaluation]:
     """The goal figure recorded and replayed at the recorded settings by ``evaluator`` (the
     whole run's or a stretch's), and that baseline replay; kept per evaluator."""
-    from ..analysis.objectives import measure
-
     key = id(evaluator)
     if key not in s.references:
         g = s.goal
@@ -452,7 +450,7 @@ def _wider(evaluator: Evaluator, ev: Evaluation) -> Evaluator | None:
     parent = evaluator.parent
     if parent is None or evaluator.stretch is None or ev.virtual_s is None:
         return None
-    return _cut_or_whole(parent, widen(parent.workload, evaluator.stretch, ev.virtual_s))
+    return cut_or_whole(parent, widen(parent.workload, evaluator.stretch, ev.virtual_s))
 
 
 #: Widenings of one point's stretch before it is replayed on the whole run.
@@ -460,7 +458,7 @@ WIDEN_MAX = 4
 
 
 def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded: dict[str, Any]) -> list[Tried]:
-    evs = evaluator.evaluate(points, requests=s.goal.requests)
+    evs = evaluator.evaluate(points, requests=s.goal.requests, subsets=[ids for _, ids in s.goal.watch])
     out = []
     for p, ev in zip(points, evs):
         where = evaluator
@@ -487,7 +485,7 @@ def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded
             met = _met(s, judged(s.goal.figure, value, ev.extrapolated_share,
                                  _references(s, where)[2].extrapolated_share), where)
             far = not met
-        t = Tried(dict(p), value, met, ev, _size(p, recorded), far, spilled,
+        t = Tried(dict(p), value, met, ev, change_size(p, recorded), far, spilled,
                   where.stretch.to_dict() if where is not evaluator and where.stretch is not None
                   else ({"whole_run": True} if where is not evaluator else None), where)
         out.append(t)
@@ -546,13 +544,28 @@ def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
     ev = t.evaluation
     on = t.on or evaluator
     recorded_value, baseline_value, _ = _references(s, on)
+    from ..sim.intervals import direction
+
+    ivs, base_ivs = on.intervals(ev), on.intervals(on.baseline)
     trade = {}
     for name in TRADEOFFS:
         if name == s.goal.figure and not s.goal.requests:
             continue
-        trade[name] = {"recorded": on.recorded_figures.get(name),
-                       "baseline": on.baseline.figures.get(name), "predicted": ev.figures.get(name),
-                       "unit": objective(name).unit}
+        b, p = on.baseline.figures.get(name), ev.figures.get(name)
+        iv, biv = ivs.get(name), base_ivs.get(name)
+        trade[name] = {"recorded": on.recorded_figures.get(name), "baseline": b, "predicted": p,
+                       "unit": objective(name).unit, "direction": direction(name, b, p, biv, iv),
+                       "interval": iv.to_dict() if iv is not None else None}
+    for label, ids in s.goal.watch:  # the requests the change may cost
+        name = s.goal.figure
+        base_w = on.evaluate([{}], subsets=[ids])[0] if not on.baseline.figures_by.get(tuple(sorted(ids))) \
+            else on.baseline
+        b, p = base_w.figure(name, ids), ev.figure(name, ids)
+        iv, biv = on.intervals(ev, ids).get(name), on.intervals(base_w, ids).get(name)
+        trade[f"{name} ({label})"] = {
+            "recorded": measure(on.run_dir, [name], summary=on.recorded, requests=ids)[name], "baseline": b,
+            "predicted": p, "unit": objective(name).unit, "direction": direction(name, b, p, biv, iv),
+            "interval": iv.to_dict() if iv is not None else None}
     out = {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": recorded_value,
            "baseline": baseline_value, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides),
            "outside_region": ev.outside_region}
@@ -561,22 +574,35 @@ def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
     return out
 
 
+def goal_label(g: Goal) -> str:
+    """A goal's figure as reports label it: ``queue_p90 (11 requests)``, ``reread_kv_tokens (1
+    request)``, ``preemptions``."""
+    n = len(g.requests)
+    return g.figure + (f" ({n} request{'s' if n != 1 else ''})" if n else "")
+
+
 def _goal_dict(g: Goal) -> dict[str, Any]:
     return {"figure": g.figure, "at_most": g.at_most, "reduce_by": g.reduce_by, "requests": list(g.requests)}
 
 
 def _describe_tradeoffs(pred: dict[str, Any]) -> str:
-    """The trade-offs as changes against the replay at the recorded settings (the same model
-    on both sides: the recorded figures differ from that replay by the baseline error)."""
-    parts = []
+    """The trade-offs against the replay at the recorded settings (the same model on both
+    sides), each labelled better, worse or unchanged; a figure in seconds whose intervals
+    overlap is named as unclear, without a signed change."""
+    by: dict[str, list[str]] = {}
     for name, row in pred["tradeoffs"].items():
-        b, p = row["baseline"], row["predicted"]
-        if b is None or p is None or b == p:
+        b, p, d = row["baseline"], row["predicted"], row.get("direction")
+        if b is None or p is None:
             continue
-        change = f"{(p - b) / b * 100:+.0f} %" if b else f"{b:g} → {p:g}"
-        parts.append(f"{name} {change}")
-    return ("replayed against the replay at the recorded settings: "
-            + (", ".join(parts) if parts else "no change in " + ", ".join(pred["tradeoffs"])))
+        if d == "unclear":
+            by.setdefault(d, []).append(name)
+            continue
+        change = "=" if b == p else f"{(p - b) / b * 100:+.0f} %" if b else f"{b:g} → {p:g}"
+        by.setdefault(d or "changed", []).append(f"{name} {change}")
+    order = ("better", "worse", "unchanged", "changed", "unclear")
+    return "against the replay at the recorded settings: " + "; ".join(
+        f"{k} " + ", ".join(by[k]) + (" (the intervals overlap)" if k == "unclear" else "")
+        for k in order if by.get(k))
 
 
 def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None:
@@ -606,9 +632,9 @@ def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None
         record.settings = dict(shown.overrides)
         record.outside_region = shown.evaluation.outside_region
         record.run_dir = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
-        label = s.goal.figure + (f" ({len(s.goal.requests)} requests)" if s.goal.requests else "")
-        record.figures = {label: FigureChange(s.recorded, shown.value, pred["unit"]),
-                          **{k: FigureChange(v["recorded"], v["predicted"], v["unit"])
+        label = goal_label(s.goal)
+        record.figures = {label: FigureChange(s.recorded, shown.value, pred["unit"], pred["baseline"]),
+                          **{k: FigureChange(v["recorded"], v["predicted"], v["unit"], v["baseline"])
                              for k, v in pred["tradeoffs"].items()}}
     if not good:
         record.closest = shown.record() if shown else None
@@ -698,5 +724,6 @@ def unchecked(findings: list[Finding]) -> None:
             f.remedy = _unchecked(f.remedy)
 
 
-__all__ = ["CheckedRemedy", "DEFAULT_BUDGET_S", "EXTRAPOLATION_COST", "MAX_BUDGET_FACTOR", "Search", "Tried", "allowed",
-           "goal_steps", "judged", "reference", "rule_for", "search", "unchecked"]
+__all__ = ["TRADEOFFS", "CheckedRemedy", "DEFAULT_BUDGET_S", "EXTRAPOLATION_COST", "MAX_BUDGET_FACTOR", "Search",
+           "Tried", "allowed", "change_size", "cut_or_whole", "goal_label", "goal_steps", "judged", "reference",
+           "rule_for", "search", "unchecked"]

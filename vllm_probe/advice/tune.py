@@ -13,13 +13,12 @@ recorded run through vLLM's own scheduler.
   names another figure (``--minimize num_kv_blocks``: the smallest cache that meets the
   SLOs).
 
-**The search** (:func:`tune`) is a batched coordinate descent: from the recorded
+**The search** (:func:`tune`) is the batched coordinate descent of
+:mod:`vllm_probe.advice.descent` (the doctor's plan searches with it too): from the recorded
 settings, each round replays every value of every knob with the other knobs held at the
-current best (one batch: ``--jobs``/``--ray`` replay a round in parallel), moves to the
-best point (meeting the SLOs first, then the objective; among points that miss, the
-smallest total relative violation), and stops when a round finds nothing better. Why
-this and not the grid or another method: docs/tune.md (measured replays to the grid's
-optimum).
+current best, moves to the best point (meeting the SLOs first, then the objective; among
+points that miss, the smallest total relative violation), and stops when a round finds
+nothing better.
 
 A point vLLM refuses at start-up (its own checks) or whose replay cannot finish is
 listed with its error and never recommended.
@@ -36,6 +35,7 @@ from typing import Any
 
 from ..analysis.objectives import OBJECTIVES, ObjectiveError, objective
 from ..schema.engine_settings import BY_NAME, serve_flags
+from .descent import descend
 from .evaluate import Evaluation, Evaluator
 
 #: Values a fractional ``LO..HI`` range is tried at.
@@ -340,7 +340,6 @@ def tune(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
     result = TuneResult(str(evaluator.run_dir), slos, knobs, objective_name, direction, rec,
                         evaluator.recorded_figures, evaluator.baseline.figures, evaluator.error,
                         notes=list(evaluator.notes), **_model_fields(evaluator))
-    seen: dict[tuple, Point] = {}
 
     def point(overrides: dict[str, Any], ev: Evaluation) -> Point:
         if not ev.ok:
@@ -348,42 +347,15 @@ def tune(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
         viol = sum(s.violation(ev.figures.get(s.figure)) for s in slos)
         return Point(overrides, ev, viol == 0, viol, ev.figures.get(objective_name))
 
-    def norm(overrides: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in overrides.items() if v != rec.get(k)}
-
-    def run(batch: list[dict[str, Any]]) -> None:
-        todo = []
-        for o in batch:
-            o = norm(o)
-            key = tuple(sorted(o.items()))
-            if key not in seen and o not in todo:
-                todo.append(o)
-        if not todo:
-            return
-        if progress:
-            progress(f"round {result.rounds}: replaying {len(todo)} setting(s)")
-        for o, ev in zip(todo, evaluator.evaluate(todo)):
-            p = point(o, ev)
-            seen[tuple(sorted(o.items()))] = p
-            result.evaluated.append(p)
-
-    seen[()] = point({}, evaluator.baseline)
-    current: dict[str, Any] = {}
-    best = seen[()]
-    while True:
-        if time.monotonic() - start >= budget_s:
-            result.complete = False
-            break
-        result.rounds += 1
-        batch = [{**current, k.setting: v} for k in knobs for v in k.values]
-        run(batch)
-        cand = min(seen.values(), key=lambda p: _key(p, direction))
-        if _key(cand, direction) >= _key(best, direction):
-            break
-        best, current = cand, dict(cand.overrides)
+    found = descend(evaluator.evaluate, [(k.setting, k.values) for k in knobs],
+                    lambda o, ev: _key(point(o, ev), direction), rec, evaluator.baseline, start + budget_s,
+                    progress=progress)
+    seen = [point(o, ev) for o, ev in found.seen.values()]
+    result.evaluated = seen[1:]
+    result.rounds, result.complete = found.rounds, found.complete
     result.replays = len(result.evaluated)
     result.seconds = time.monotonic() - start
-    ranked = sorted(seen.values(), key=lambda p: _key(p, direction))
+    ranked = sorted(seen, key=lambda p: _key(p, direction))
     if ranked and ranked[0].meets:
         result.recommended = ranked[0]
     else:

@@ -147,7 +147,7 @@ def from_rows(rows: Iterable[RequestState], name: str, requests: Iterable[str] |
     keep = set(requests) if requests else None
     vals = sorted(v for r in rows if keep is None or r.req_id in keep
                   for v in (getattr(r, o.request_field),) if v is not None)
-    if o.total:
+    if o.total or o.q is None:
         return float(sum(vals))
     return quantile(vals, o.q)
 

@@ -94,11 +94,13 @@ def main(args: argparse.Namespace) -> int:
               "replay", file=sys.stderr)
         replay = False
     report = examine(run_dir, expected)
-    from ..advice import remedies
+    from ..advice import plan, remedies
 
     if replay and any(f.remedy is not None or remedies.rule_for(f.id) is not None for f in report.findings):
-        _search(report, run_dir, args)
+        _prescribe(report, args)
     remedies.unchecked(report.findings)
+    if report.plan is None:
+        report.plan = plan.unchecked_plan(report.findings, "--no-replay" if args.no_replay else "vLLM is not installed")
     if args.json:
         print_json(report.to_dict())
     else:
@@ -115,32 +117,21 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_CRITICAL if report.critical else 0
 
 
-def _search(report, run_dir, args) -> None:
-    """Choose each finding's remedy by the replay; on a run the replay cannot take, say why
-    in one line and keep the arithmetic (unchecked)."""
+def _prescribe(report, args) -> None:
+    """Each finding's remedy and the run's plan, chosen by the replay
+    (:func:`vllm_probe.advice.prescribe.prescribe`); on a run the replay cannot take, the
+    arithmetic, unchecked, and one line saying why."""
     from ..advice import remedies
-    from ..advice.evaluate import EvaluateError, Evaluator, ProfileRefused
+    from ..advice.evaluate import ProfileRefused
+    from ..advice.prescribe import prescribe
 
     budget = args.budget if args.budget is not None else remedies.DEFAULT_BUDGET_S
-    print(f"vllm-probe: choosing remedies by replaying the run through vLLM's scheduler (up to {budget:g} s of "
-          "replays; --no-replay skips) …", file=sys.stderr, flush=True)
+    print(f"vllm-probe: choosing remedies and one plan by replaying the run through vLLM's scheduler (up to "
+          f"{budget:g} s; --no-replay skips) …", file=sys.stderr, flush=True)
     try:
-        evaluator = Evaluator(run_dir, jobs=args.jobs, ray_address=args.ray, out=args.out,
-                              profile=profile_args.choice(args), force=args.force, lazy=True)
+        notes = prescribe(report, budget, jobs=args.jobs, ray_address=args.ray, out=args.out,
+                          profile=profile_args.choice(args), force=args.force, whole_run=args.whole_run)
     except ProfileRefused as e:  # the user's choice, not the run: an error, not a fallback
         raise profile_args.refused(e) from None
-    except EvaluateError as e:
-        print(f"vllm-probe: doctor: the replay cannot run ({e}); remedies are the arithmetic, unchecked",
-              file=sys.stderr)
-        return
-    report.step_time_model = evaluator.step_time_model.to_dict()
-    for note in evaluator.step_time_model.notes:
-        if note.startswith(("profile: using", "FORCED")):  # the cache's choice and a forced profile, said
-            print(f"vllm-probe: note: {note}", file=sys.stderr)
-    try:
-        searches = remedies.search(report.findings, evaluator, budget, whole_run=args.whole_run)
-    finally:
-        evaluator.close()
-    if any(not s.complete for s in searches):
-        print(f"vllm-probe: note: the search stopped at its budget of {budget:g} s ({evaluator.all_replays} replays); "
-              "--budget S searches longer", file=sys.stderr)
+    for note in notes:
+        print(f"vllm-probe: note: {note}", file=sys.stderr)

@@ -6,6 +6,8 @@ findings panel. No computation here: findings come from :mod:`vllm_probe.analysi
 from __future__ import annotations
 
 
+from typing import Any
+
 from rich import box
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -14,8 +16,9 @@ from rich.text import Text
 
 from ..analysis.doctor import CRITICAL, INFO, RULES, WARNING, Finding, Report
 from ..analysis.doctor.findings import BaselineError, Prediction, known
+from ..schema.engine_settings import BY_NAME
 from .charts import line, sep
-from .format import count, figure, signed_pct
+from .format import count, figure, signed_pct, with_range
 from .whatif_view import outside_line, step_time_model_line
 
 #: How each severity reads.
@@ -24,10 +27,11 @@ SEVERITY_LABEL = {CRITICAL: "CRITICAL", WARNING: "WARNING", INFO: "info"}
 
 
 def predicted_text(p: Prediction) -> str:
-    """``preemptions 37 → 2 · TTFT p90 4.10 s → 2.60 s`` from a finding's ``predicted``."""
+    """``preemptions 37 → 2 · TTFT p90 4.10 s → 2.60 s`` from a finding's ``predicted``: the
+    replay at the recorded settings → the replay at the remedy's."""
     parts = []
     for name, fig in (p.figures or {}).items():
-        parts.append(f"{name} {figure(fig.recorded, fig.unit)} → {figure(fig.predicted, fig.unit)}")
+        parts.append(f"{name} {figure(fig.baseline, fig.unit)} → {figure(fig.predicted, fig.unit)}")
     return " · ".join(parts)
 
 
@@ -44,8 +48,11 @@ def unmet_goal_text(p: Prediction) -> str:
         return (f"not checked: the replay reaches {name}'s goal only at {shown}, with up to "
                 f"{worst * 100:.0f} % of its predicted time from beyond the step-time model's fitted region "
                 "(its seconds there are a guess: docs/whatif.md, the step-time model's region)")
+    if not p.tried:
+        return ("no change was replayed: the rule's knobs have no value within bounds here"
+                + (f" ({'; '.join(p.skipped)})" if p.skipped else ""))
     if target == "lower":
-        return f"the replay says it does not help: {name} does not go down"
+        return f"the replay says it does not help: {name} does not go down in {len(p.tried)} replayed change(s)"
     if name == "preemptions":
         return "not enough on its own: the replay still preempts"
     return f"not enough on its own: {name} stays above {figure(target)}"
@@ -143,6 +150,9 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
         for extra in (step_time_model_line(report.step_time_model), _outside(report.findings, replayed)):
             if extra is not None:
                 parts.append(extra)
+    if report.plan is not None:
+        parts.append(Text(""))
+        parts.append(plan_block(report.plan, report.run_dir))
     shown = list(report.findings)
     serious = [f for f in shown if f.severity in (CRITICAL, WARNING)]
     if not serious and report.all_clear:
@@ -151,6 +161,72 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
     for f in shown:
         parts.append(Text(""))
         parts.append(_finding(f, report.run_dir))
+    return Group(*parts)
+
+
+#: How each direction reads in the plan's block.
+DIRECTION_STYLE = {"better": "green", "worse": "red", "unchanged": "dim", "unclear": "yellow"}
+
+
+def _figure_change(label: str, f: Any) -> Text:
+    """``ttft_p90 6.31 s (5.55–6.86) → 1.41 s (0.72–2.16)``: baseline → predicted, each with
+    its interval where it has one."""
+    b = f.baseline_interval or {}
+    p = f.interval or {}
+    return Text(f"{label} {with_range(f.baseline, b.get('lo'), b.get('hi'), f.unit)} → "
+                f"{with_range(f.predicted, p.get('lo'), p.get('hi'), f.unit)}")
+
+
+def plan_block(plan: Any, run_dir: str) -> RenderableType:
+    """The doctor's one plan (:class:`vllm_probe.analysis.doctor.plan.Plan`): what to apply,
+    what it clears and leaves, better / worse / unclear against the replay at the recorded
+    settings with the mechanism, what it costs, and how to check it."""
+    t = Table.grid(padding=(0, 1))
+    t.add_column(no_wrap=True, style="dim", width=10)
+    t.add_column(overflow="fold")
+    rows: list[tuple[str, Text]] = []
+    if plan.settings:
+        changes = ", ".join(f"{k} = {figure(v)}" for k, v in plan.settings.items())
+        how = "replayed" if plan.checked else "arithmetic, not checked by the replay"
+        rows.append(("apply", Text.assemble((changes, "bold green"), (f"  ({how})", "dim"))))
+        rows.append(("", Text("vllm serve MODEL " + " ".join(plan.flags), style="dim")))
+        rows.append(("", Text("LLM(MODEL, " + ", ".join(f"{k}={v!r}" for k, v in plan.engine_args.items()) + ")",
+                              style="dim")))
+    else:
+        rows.append(("apply", Text("nothing: no setting the replay tried reaches a goal", style="yellow")))
+    if plan.conflict:
+        rows.append(("conflict", Text(plan.conflict, style="yellow")))
+    goals = {label: f for label, f in plan.predicted.items() if f.goal}
+    for fid in plan.clears:
+        shown = [_figure_change(label, f) for label, f in goals.items() if f.goal == fid]
+        rows.append(("clears", Text.assemble((fid, "bold"), ": ", *(shown[:1] or [Text("")]))))
+    for fid in plan.leaves:
+        rows.append(("leaves", Text.assemble((fid, "bold"), ": ", plan.left_because.get(fid, ""))))
+    mech = "; ".join(f"{k} {figure(v[0])} → {figure(v[1])}" for k, v in plan.mechanism.items() if v[0] != v[1])
+    for direction in ("better", "worse", "unclear"):
+        for label, f in plan.predicted.items():
+            if f.goal or f.direction != direction or label in BY_NAME:  # a setting's own change: apply, cost
+                continue
+            line = _figure_change(label, f)
+            if direction == "unclear":
+                line.append("  the intervals overlap: the direction is not known", style="dim")
+            elif direction == "worse" and mech:
+                line.append(f"  ({mech})", style="dim")
+            rows.append((direction, line))
+    for c in plan.cost:
+        rows.append(("cost", Text(c)))
+    for i, cmd in enumerate(plan.rerun):
+        rows.append(("check" if i == 0 else "", Text(cmd, style="dim")))
+    for label, cell in rows:
+        cell.stylize(DIRECTION_STYLE.get(label, ""), 0, 0)
+        t.add_row(Text(label, style=DIRECTION_STYLE.get(label, "dim")), cell)
+    head = Text.assemble((" PLAN ", "bold white on blue"), "  ", ("one set of changes for this run", "bold"),
+                         (" · changes against the replay at the recorded settings" if plan.checked else "", "dim"))
+    parts: list[RenderableType] = [head, t]
+    for i, alt in enumerate(plan.alternatives):
+        parts.append(Text(f"alternative {i + 1}: " + ", ".join(f"{k} = {figure(v)}" for k, v in alt.settings.items())
+                          + f" — clears {', '.join(alt.clears) or 'nothing'}"
+                          + (f", leaves {', '.join(alt.leaves)}" if alt.leaves else ""), style="dim"))
     return Group(*parts)
 
 

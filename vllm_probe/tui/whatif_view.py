@@ -174,14 +174,14 @@ def _table(result: Any, runs: list[tuple[str, Any]], page: list[int], title: str
         t.add_section()
     for label in ROWS:
         f = FIGURE[label]
-        name = BY_SUMMARY_PATH.get(str(f.path))
+        figure_name = BY_SUMMARY_PATH.get(str(f.path), "")
         base = f.get(result.baseline.summary)
-        base_iv = result.baseline.intervals.get(name)
+        base_iv = result.baseline.intervals.get(figure_name)
         cells = [figure(f.get(runs[0][1]), f.unit), with_interval(base, base_iv, f.unit)]
         for k in page:
             c = result.configs[k]
             v = f.get(c.summary)
-            iv = c.intervals.get(name)
+            iv = c.intervals.get(figure_name)
             unclear = base_iv is not None and iv is not None and v != base and not base_iv.separates(iv)
             cells += [with_interval(v, iv, f.unit),
                       Text("unclear", style="dim") if unclear else fmt_delta(f, base, v)]

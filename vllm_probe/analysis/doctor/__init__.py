@@ -24,6 +24,7 @@ from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
 from .context import Context, fmt_count
+from .plan import Plan
 from .rules import CATALOGUE, EXPLAINS_WAITS, FINDING_IDS, HELD_BACK, RULES
 from .rules.unexplained_wait import ADMIT_WITHIN_STEPS, longest_wait_steps
 
@@ -60,11 +61,16 @@ class Report:
     #: (``{"source": "profile" | "cache" | "recording", "profile", "forced"}``,
     #: :meth:`vllm_probe.sim.whatif.StepTimeChoice.to_dict`); None without a replay
     step_time_model: dict[str, Any] | None = None
+    #: the one plan for the run (:class:`~.plan.Plan`: replayed by :mod:`vllm_probe.advice.plan`,
+    #: or the rules' arithmetic unchecked); None until the doctor made it
+    plan: Plan | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """``doctor --json``: ``{"run_dir", "findings": [...]}``, and ``"step_time_model"``
-        when the remedies were replayed."""
-        out: dict[str, Any] = {"run_dir": self.run_dir, "findings": [f.to_dict() for f in self.findings]}
+        """``doctor --json``: ``{"run_dir", "plan", "findings": [...]}``, and
+        ``"step_time_model"`` when the remedies were replayed."""
+        out: dict[str, Any] = {"run_dir": self.run_dir,
+                               "plan": self.plan.to_dict() if self.plan is not None else None,
+                               "findings": [f.to_dict() for f in self.findings]}
         if self.step_time_model is not None:
             out["step_time_model"] = self.step_time_model
         return out

@@ -146,17 +146,19 @@ class TriedRecord(msgspec.Struct, kw_only=True):
 
 
 class FigureChange(msgspec.Struct):
-    """A figure recorded and predicted at the shown settings.
+    """A figure at the shown settings against the replay at the recorded settings.
 
     Attributes:
-        recorded: the recorded run's figure.
+        recorded: the recorded run's figure (beside, not the reference).
         predicted: the replay's figure at the shown settings.
         unit: its unit (:mod:`vllm_probe.analysis.objectives`).
+        baseline: the replay at the recorded settings: what ``predicted`` is compared with.
     """
 
     recorded: float | None
     predicted: float | None
     unit: str
+    baseline: float | None = None
 
 
 class Prediction(msgspec.Struct, kw_only=True):
