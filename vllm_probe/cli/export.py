@@ -4,8 +4,10 @@ The formats are the registry of :mod:`vllm_probe.exporters.base`: ``jsonl`` (def
 every engine core's events merged into one stream ordered by ``ts``, verbatim, filtered,
 see :mod:`vllm_probe.exporters.jsonl`), ``perfetto`` (a Chrome/Perfetto timeline,
 :mod:`vllm_probe.exporters.perfetto`) and ``trace`` (the workload as vLLM's timed trace
-for ``vllm bench serve --dataset-name timed_trace``, :mod:`vllm_probe.exporters.trace`);
-the filters apply to ``jsonl`` only. A ``.gz`` output name is gzip-compressed. Without
+for ``vllm bench serve --dataset-name timed_trace``, :mod:`vllm_probe.exporters.trace`) and
+``parquet`` (one Parquet table per record type in the folder ``-o DIR``, for SQL over many
+runs, :mod:`vllm_probe.exporters.parquet`); the filters apply to ``jsonl`` only. A ``.gz``
+output name is gzip-compressed. Without
 ``-o`` the output is the format's file in RUN_DIR (``events.jsonl``, ``trace.json``,
 ``trace.jsonl``); ``-o -`` writes to stdout.
 

@@ -15,9 +15,10 @@ def exporters() -> dict[str, Exporter]:
     module is left to the commands that export)."""
     if not EXPORTERS:
         from .jsonl import JsonlExporter
+        from .parquet import ParquetExporter
         from .perfetto import PerfettoExporter
         from .trace import TraceExporter
 
-        for exporter in (JsonlExporter(), PerfettoExporter(), TraceExporter()):
+        for exporter in (JsonlExporter(), PerfettoExporter(), TraceExporter(), ParquetExporter()):
             EXPORTERS[exporter.name] = exporter
     return EXPORTERS

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -182,6 +183,8 @@ def start_run(command: list[str], settings: Settings, out: Path | None = None) -
         "probe_version": __version__,
         "command": command,
         "cwd": os.getcwd(),
+        # the server's name: keys a fleet's runs (export --format parquet's host column)
+        "host": socket.gethostname(),
         "settings_file": settings.source,
         "flags": settings.flags.to_dict(),
         # what the settings file says the engine should run with (summary, doctor compare it)
