@@ -415,3 +415,19 @@ def test_messages_read_numbers_as_the_views_do():
         assert fmt_pct(v) == pct(v)
     for v in (0, 7, 1024, 123456789):
         assert fmt_count(v) == count(v)
+
+
+def test_config_not_applied_on_the_cpu_backend_never_passes_a_device_memory_share():
+    """On the CPU backend gpu_memory_utilization is a share of the machine's memory (0.9 fails
+    at start-up): a file's 0.9 against the 0.3 in force is reported, but the remedy passes only
+    the budget, and the message says to size the KV cache with VLLM_CPU_KVCACHE_SPACE."""
+    r = Run(budget=1024, seqs=8, platform="cpu", gpu_memory_utilization=0.3)
+    r.step(decode=1, times=3)
+    exp = Expectation("config.toml", {"max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9})
+    f = r.findings(expected=exp)["config-not-applied"]
+    assert "gpu_memory_utilization 0.9 expected, 0.3 in force" in f.message
+    assert "sized by VLLM_CPU_KVCACHE_SPACE (GiB), so that setting is not passed on" in f.message
+    assert f.remedy.whatif == {"max_num_batched_tokens": 8192}
+    assert "gpu-memory-utilization" not in f.remedy.arithmetic
+    assert (f.remedy.setting, f.remedy.to_dict()["flags"]) == ("max_num_batched_tokens",
+                                                               ["--max-num-batched-tokens", "8192"])

@@ -212,10 +212,11 @@ def test_seqs_bound_stays_within_what_the_cache_holds_at_full_length():
 # -- "nothing held this run back" is earned -----------------------------------------------------------
 
 
-def _waits(wait_steps: int, dt: float, reason: str = "deferred") -> Stream:
+def _waits(wait_steps: int, dt: float, reason: str = "deferred", after: int = 150) -> Stream:
     """One request running and decoding; W arrives at step 0 and is admitted after
     ``wait_steps`` steps whose head_blocked_by is ``reason`` (no limit rule explains it:
-    the running queue, the budget and the cache all have room)."""
+    the running queue, the budget and the cache all have room), then ``after`` steps of A
+    decoding alone."""
     s = Stream()
     s.config(10.0, budget=1024, max_num_seqs=8)
     t = lambda n: 11.0 + n * dt  # noqa: E731
@@ -232,7 +233,7 @@ def _waits(wait_steps: int, dt: float, reason: str = "deferred") -> Stream:
     s.step(t(n), n, 1024, prefill=100, decode=1, running=2, waiting=0, prefill_reqs=1, decode_reqs=1, kv=0.1)
     n += 1
     s.finished(t(n) - dt / 2, n - 1, "W", 100, 4)
-    for _ in range(150):
+    for _ in range(after):
         s.step(t(n), n, 1024, decode=1, running=1, waiting=0, decode_reqs=1, kv=0.05)
         n += 1
     return s
@@ -258,8 +259,29 @@ def test_a_wait_no_rule_explains_is_named_with_its_head_blocked_by():
     assert ev == {"admit_within_steps": 32, "longest_wait_steps": 40,
                   "requests": [{"req_id": "W", "waited_steps": 40, "steps": [0, 39], "admitted": True,
                                 "head_blocked_by": {"deferred": 40}}],
-                  "head_blocked_by": {"deferred": 40}}
+                  "head_blocked_by": {"deferred": 40}, "limit": "deferred"}
     assert "underloaded" not in fast  # the run was held back: not "the scheduler is not the bottleneck"
+    assert "deferred admission (held slots) held them" in fast["unexplained-wait"].message
+
+
+def test_a_wait_held_by_the_kv_cache_names_it_and_carries_its_remedy():
+    """W waits 40 steps with head_blocked_by kv_cache in a run too long for kv-bound to fire
+    (the limit held 40 of many steps): the finding says the KV cache held it, never "no rule
+    explains it", and its knobs are the KV cache's (more blocks, fewer running requests); its
+    goal is W's queue time."""
+    from vllm_probe.analysis.doctor import RULES
+
+    found, _ = _report(_waits(40, 0.01, reason="kv_cache", after=400))
+    assert "kv-bound" not in found  # 40 of 441 steps: below kv-bound's share of the run
+    f = found["unexplained-wait"]
+    assert "the KV cache held them" in f.message and "no rule explains it" not in f.message
+    assert f.evidence.limit == "kv_cache"
+    rule = RULES["unexplained-wait"]
+    settings = {"num_kv_blocks": 40, "max_num_seqs": 8, "max_num_batched_tokens": 1024}
+    offered = {k.setting: list(k.candidates(settings, f)) for k in rule.knobs if k.candidates(settings, f)}
+    assert offered == {"num_kv_blocks": [50, 60, 80, 120, 160], "max_num_seqs": [1]}
+    g = rule.goal(f)
+    assert (g.figure, g.reduce_by, g.requests) == ("queue_p90", 0.3, ("W",))
 
 
 def test_all_clear_is_said_only_when_every_request_was_admitted_within_the_threshold():

@@ -103,7 +103,7 @@ def evaluate(ctx: Context) -> list[Finding]:
         return []
     differs = [c for c in ctx.expected if c.status == DIFFERS]
     unrecorded = [c for c in ctx.expected if c.status == NOT_RECORDED]
-    unknown = [c for c in ctx.expected if c.status == UNKNOWN]  # misspelt: vLLM never saw them (issue 17 item 7)
+    unknown = [c for c in ctx.expected if c.status == UNKNOWN]  # misspelt: vLLM never saw them
     if not differs and not unknown:
         return []
     src = ctx.expected_source or "the expected settings"
@@ -115,6 +115,11 @@ def evaluate(ctx: Context) -> list[Finding]:
            + (" (command-line flags and engine arguments win over config files)" if differs else ""))
     # what the file meant: a misspelt name read as its closest engine argument
     meant = [(c.setting, c.expected) for c in differs] + [(c.suggestion, c.expected) for c in unknown if c.suggestion]
+    if _on_cpu(ctx) and any(name == "gpu_memory_utilization" for name, _ in meant):
+        # the CPU backend reads it as a share of the machine's memory: 0.9 fails at start-up
+        meant = [(name, v) for name, v in meant if name != "gpu_memory_utilization"]
+        msg += ("; on the CPU backend gpu_memory_utilization is a share of the machine's memory (0.9 fails at "
+                "start-up): its KV cache is sized by VLLM_CPU_KVCACHE_SPACE (GiB), so that setting is not passed on")
     whatif = {_WHATIF_NAME[name]: value for name, value in meant if name in _WHATIF_NAME}
     misspelt = [(c.suggestion, c.setting) for c in unknown if c.suggestion]
     return [Finding("config-not-applied", WARNING, msg, ConfigEvidence(
@@ -125,6 +130,12 @@ def evaluate(ctx: Context) -> list[Finding]:
         basis=ConfigBasis(meant=meant, whatif=whatif, misspelt=misspelt, source=src))]
 
 
+def _on_cpu(ctx: Context) -> bool:
+    """Whether an engine core of the run recorded the CPU platform."""
+    return any(e.config is not None and str(getattr(e.config, "platform", "") or "").lower() == "cpu"
+               for e in ctx.state.engines.values())
+
+
 def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
     """The settings the file meant, passed where they win (the command line); a misspelt
     name is read as vLLM's closest engine argument."""
@@ -132,7 +143,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
     meant, whatif, misspelt, src = b.meant, b.whatif, b.misspelt, b.source
     if not meant:
         return None
-    return Remedy(meant[0][0], meant[0][1],
+    return Remedy(_WHATIF_NAME.get(meant[0][0], meant[0][0]), meant[0][1],
                   "pass " + ", ".join(f"--{name.replace('_', '-')} {_arg(value)}" for name, value in meant)
                   + " on the command line (or in the engine arguments the server reads)"
                   + (f"; in {src}, spell " + ", ".join(f"{good} (not {bad})" for good, bad in misspelt)

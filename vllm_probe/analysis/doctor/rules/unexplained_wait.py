@@ -9,13 +9,18 @@ so that "nothing held this run back" is said only when it is true
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from ...episodes import EngineEpisodes, Wait
-from ..context import MEASURED, Context, engine_of, engines_of, fmt_count, reasons_text, steps_text, wrote
+from ..context import MEASURED, Context, engine_of, engines_of, fmt_count, fmt_pct, reasons_text, steps_text, wrote
 from ..evidence import Evidence
-from ..findings import WARNING, Finding, evidence_of
-from ..rule import Goal, Rule, Threshold
+from ..findings import WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
+from ..knobs import KNOB_ASYNC_OFF, KNOB_BLOCKS_UP, KNOB_BUDGET_UP, KNOB_SEQS_DOWN, KNOB_SEQS_UP
+from ..kv import kv_remedy
+from ..limits import BOUND_SHARE
+from ..rule import Goal, Knob, Rule, Threshold
 
 #: "Nothing held this run back" is said only when every request was admitted within this
 #: many steps of arriving (its first prefill chunk); a longer wait that no rule explains is
@@ -54,12 +59,15 @@ class UnexplainedWaitEvidence(Evidence, kw_only=True):
         longest_wait_steps: the longest wait (steps).
         requests: the longest waits over the threshold (up to 8).
         head_blocked_by: steps per head_blocked_by reason over those waits.
+        limit: the reason that held at least half of those steps (``kv_cache``, ``max_num_seqs``,
+            ``token_budget``, ``deferred``, ``preemption``, ``prefill_limit``); left out when none did.
     """
 
     admit_within_steps: int
     longest_wait_steps: int
     requests: list[WaitEntry]
     head_blocked_by: dict[str, int]
+    limit: str | None = None
 
 
 def waits(ep: EngineEpisodes) -> list[Wait]:
@@ -113,17 +121,77 @@ def evaluate(ctx: Context) -> list[Finding]:
         last = eng.last_step
         longest = waits[0]
         listed = waits[:TOP_WAITS_LISTED]
-        why = (f"; the head of the queue was blocked by {reasons_text(reasons)} over their waits" if reasons else
-               "; the run records no head_blocked_by for those steps")
-        msg = (f"{len(waits)}{'+' if len(waits) >= TOP_WAITS_LISTED else ''} request{'s' if len(waits) != 1 else ''} "
-               f"waited more than {ADMIT_WITHIN_STEPS} steps for their first chunk (longest {longest.req_id}, "
-               f"{fmt_count(longest.steps)} steps from step {longest.arrival_step}) and no rule explains it{why}")
+        limit = dominant(reasons)
+        head = (f"{len(waits)}{'+' if len(waits) >= TOP_WAITS_LISTED else ''} request{'s' if len(waits) != 1 else ''} "
+                f"waited more than {ADMIT_WITHIN_STEPS} steps for their first chunk (longest {longest.req_id}, "
+                f"{fmt_count(longest.steps)} steps from step {longest.arrival_step})")
+        if limit is not None:
+            msg = (f"{head}: {LIMIT_WORDS[limit]} held them — the head of the queue was blocked by {limit} in "
+                   f"{fmt_pct(reasons[limit] / sum(reasons.values()))} of their waiting steps; no limit rule names it "
+                   "because it held a stretch of the run, not a share of the whole that kv-, seqs- or budget-bound "
+                   "needs")
+        elif reasons:
+            msg = f"{head} and no rule explains it; the head of the queue was blocked by {reasons_text(reasons)}"
+        else:
+            msg = f"{head} and no rule explains it; the run records no head_blocked_by for those steps"
         out.append(Finding("unexplained-wait", WARNING, msg, UnexplainedWaitEvidence(
             engine=engine, admit_within_steps=ADMIT_WITHIN_STEPS, longest_wait_steps=longest.steps,
             requests=[WaitEntry(w.req_id, w.steps, [w.arrival_step, w.first_step - 1], w.first_step <= last,
                                 dict(w.reasons)) for w in listed],
-            head_blocked_by=reasons)))
+            head_blocked_by=reasons, limit=limit), basis=EngineBasis(eng=eng, ep=ep)))
     return out
+
+
+#: A head_blocked_by reason that holds at least this share of the waits' steps names the
+#: limit that held them (as a limit rule's BOUND_SHARE does for the whole run).
+DOMINANT_SHARE = BOUND_SHARE
+#: How each limit reads in the message.
+LIMIT_WORDS = {"kv_cache": "the KV cache", "max_num_seqs": "max_num_seqs (a full running queue)",
+               "token_budget": "the token budget", "deferred": "deferred admission (held slots)",
+               "preemption": "preemption (a step that preempts admits nobody)",
+               "prefill_limit": "the prefill limit"}
+
+
+def dominant(reasons: dict[str, int]) -> str | None:
+    """The head_blocked_by reason holding at least :data:`DOMINANT_SHARE` of ``reasons``' steps
+    (None: none does, or nothing was recorded)."""
+    total = sum(reasons.values())
+    if not total:
+        return None
+    top = max(reasons, key=reasons.__getitem__)
+    return top if reasons[top] >= DOMINANT_SHARE * total and top in LIMIT_WORDS else None
+
+
+def goal(f: Finding) -> Goal:
+    """The queue p90 of the requests that waited, 30 % lower."""
+    e = evidence_of(f, UnexplainedWaitEvidence)
+    return Goal("queue_p90", reduce_by=0.3, requests=tuple(w.req_id for w in e.requests))
+
+
+def _for(limits: tuple[str, ...], knob: Knob) -> Knob:
+    """``knob``, with candidates only when the finding's limit is one of ``limits``."""
+    def candidates(settings: dict[str, Any], finding: Finding) -> list[Any]:
+        e = finding.evidence
+        if not isinstance(e, UnexplainedWaitEvidence) or e.limit not in limits:
+            return []
+        return list(knob.candidates(settings, finding))
+    return Knob(knob.setting, knob.direction, candidates, knob.min_release, knob.beyond_cap)
+
+
+#: The knobs of each limit the waits may have been held by.
+KNOBS = (_for(("kv_cache", "preemption"), KNOB_BLOCKS_UP), _for(("kv_cache", "preemption"), KNOB_SEQS_DOWN),
+         _for(("max_num_seqs",), KNOB_SEQS_UP), _for(("token_budget",), KNOB_BUDGET_UP),
+         _for(("deferred",), KNOB_ASYNC_OFF))
+
+
+def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
+    """For a KV-cache limit, the KV arithmetic of the storm's and kv-bound's remedies; the
+    other limits are left to the replay (their knobs)."""
+    e = evidence_of(f, UnexplainedWaitEvidence)
+    if e.limit not in ("kv_cache", "preemption"):
+        return None
+    b = basis_of(f, EngineBasis)
+    return kv_remedy(b.eng, b.ep)
 
 
 def view(f: Finding) -> list[str]:
@@ -156,5 +224,4 @@ RULE = Rule(
     UnexplainedWaitEvidence,
     (Threshold("ADMIT_WITHIN_STEPS", ADMIT_WITHIN_STEPS, "steps from arrival to the first chunk",
         MEASURED + ": the longest wait in the healthy scenarios is at most 2 steps"),),
-    goal=lambda f: Goal("queue_p90", reduce_by=0.3),
-    view=view, step=step, wait="unexplained")
+    goal=goal, knobs=KNOBS, arithmetic=arithmetic, view=view, step=step, wait="unexplained")
