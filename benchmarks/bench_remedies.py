@@ -1,4 +1,12 @@
-"""Do doctor's replay-chosen remedies work when run for real?
+"""Do doctor's plan and its replay-chosen remedies work when run for real?
+
+``--plan`` (the default): for each scenario, plus a server under a closed-loop client
+(``--server``), record it, run ``vllm-probe doctor --json``, apply its one plan for real (the
+same workload at the plan's settings), and run ``doctor`` on that run: the findings the plan
+claimed to clear that really cleared, its counts (preemptions, the worst request's, held
+slots, re-read tokens) predicted against real, its seconds predicted (with interval) against
+real, the warnings left on the fixed run and whether any asks to undo the plan.
+``--remedies``: the earlier check of each finding's own top remedy, as below.
 
 For each scenario of ``configs/scenarios/`` (or those named): record it on the real
 engine (``vllm-probe run -- python examples/long_prompts.py --scenario FILE``), run
@@ -123,16 +131,153 @@ def undo(findings: list[dict], remedy: dict, recorded_settings: dict) -> list[st
     return out
 
 
+def doctor_json(run: Path, budget: float) -> dict:
+    """``doctor --json`` of ``run`` (kept beside it: a second pass reuses it)."""
+    doctor(run, budget)
+    return json.loads(run.with_name(run.name + ".doctor.json").read_text())
+
+
+#: The plan's count figures checked for exactness (objectives' names).
+COUNTS = ("preemptions", "worst_request_preemptions", "held_slot_steps", "reread_kv_tokens")
+#: The plan's seconds figures compared with their intervals.
+SECONDS = ("ttft_p90", "itl_p90", "queue_p90")
+
+
+def serious(findings: list[dict]) -> set[str]:
+    return {f["id"] for f in findings if f["severity"] in ("warning", "critical")}
+
+
+def plan_row(name: str, base: Path, rerun_at, budget: float) -> dict:
+    """One scenario's plan, applied for real with ``rerun_at(settings) -> run dir | None``."""
+    from vllm_probe.analysis.summary import summarize
+    from vllm_probe.sim.engine_args import recorded_settings
+
+    t = time.time()
+    doc = doctor_json(base, budget)
+    row: dict = {"scenario": name, "doctor_s": round(time.time() - t), "before": sorted(serious(doc["findings"]))}
+    plan = doc.get("plan") or {}
+    row["plan"] = plan.get("settings") or {}
+    row["checked"] = plan.get("checked")
+    row["claims"] = plan.get("clears") or []
+    if not row["plan"] or not plan.get("checked"):
+        return row
+    fixed = rerun_at(row["plan"])
+    if fixed is None:
+        row["note"] = "the plan's settings cannot be applied to this workload's rerun"
+        return row
+    after = doctor_json(fixed, budget)
+    left = serious(after["findings"])
+    row["left"] = sorted(left)
+    row["cleared_real"] = [c for c in row["claims"] if c not in left]
+    row["all_claims_real"] = set(row["claims"]) <= set(row["cleared_real"])
+    order = order_of(base)
+    counts, seconds = {}, {}
+    for label, f in (plan.get("predicted") or {}).items():
+        figure = label.split(" (")[0]
+        goal = {"figure": figure, "requests": []}
+        if f.get("goal"):
+            goal_f = next((x for x in doc["findings"] if x["id"] == f["goal"]), {})
+            goal["requests"] = ((goal_f.get("predicted") or {}).get("goal") or {}).get("requests") or []
+        if figure in COUNTS:
+            counts[label] = (f.get("predicted"), goal_figure(fixed, goal, order))
+        elif figure in SECONDS and "(" not in label:
+            iv = f.get("interval") or {}
+            real = goal_figure(fixed, goal, order)
+            covered = None if real is None or not iv else iv["lo"] <= real <= iv["hi"]
+            seconds[label] = (f.get("predicted"), iv.get("lo"), iv.get("hi"), real, covered)
+    row["counts"], row["seconds"] = counts, seconds
+    row["counts_exact"] = all(p == r for p, r in counts.values())
+    recorded = recorded_settings(summarize(base).config)
+    row["undo"] = undo(after["findings"], row["plan"], recorded)
+    row["load"] = round(os.getloadavg()[0], 1)
+    return row
+
+
+def plan_table(rows: list[dict]) -> list[str]:
+    """The benchmark's table (Markdown) and its target line."""
+    def v(x):
+        return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+    out = ["| scenario | findings before | plan | claims | cleared for real | counts predicted / real | "
+           "seconds predicted (interval) / real | warnings left | undo | load |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        counts = "; ".join(f"{k} {v(p)} / {v(q)}" for k, (p, q) in (r.get("counts") or {}).items()) or "-"
+        secs = "; ".join(f"{k} {v(p)} ({v(lo)}–{v(hi)}) / {v(q)}{'' if c else ' ✗' if c is False else ''}"
+                         for k, (p, lo, hi, q, c) in (r.get("seconds") or {}).items()) or "-"
+        plan = ", ".join(f"{k}={x}" for k, x in r["plan"].items()) or "-"
+        out.append(f"| {r['scenario']} | {', '.join(r['before']) or '-'} | {plan}"
+                   f"{'' if r.get('checked') else ' (unchecked)'} | {', '.join(r['claims']) or '-'} | "
+                   f"{', '.join(r.get('cleared_real', [])) or '-'} | {counts} | {secs} | "
+                   f"{', '.join(r.get('left', [])) or '-'} | {'; '.join(r.get('undo', [])) or 'no'} | "
+                   f"{r.get('load', '-')} |")
+    applied = [r for r in rows if "all_claims_real" in r]
+    if applied:
+        ok = sum(r["all_claims_real"] for r in applied)
+        exact = sum(r["counts_exact"] for r in applied)
+        out.append("")
+        out.append(f"plans applied for real: {len(applied)}; every claimed finding cleared for real: {ok} "
+                   f"({100 * ok / len(applied):.0f} %, target ≥ 90 %); counts exact: {exact}; plans undone by the "
+                   f"fixed run's doctor: {sum(bool(r['undo']) for r in applied)}")
+    return out
+
+
+def plans_main(a: argparse.Namespace, names: list[str]) -> int:
+    rows = []
+    for name in names:
+        scenario = ROOT / "configs/scenarios" / f"{name}.yaml"
+        print(f"{name}:", file=sys.stderr, flush=True)
+        base = record(a.out / f"{name}-recorded", scenario, [])
+
+        def rerun_at(settings: dict, name: str = name, scenario: Path = scenario) -> Path | None:
+            extra = rerun_flags(settings)
+            if extra is None:
+                return None
+            slug = ",".join(f"{k}={v}" for k, v in settings.items())
+            return record(a.out / f"{name}-plan-{slug}", scenario, extra)
+
+        rows.append(plan_row(name, base, rerun_at, a.budget))
+        print("  row: " + json.dumps(rows[-1], default=str), file=sys.stderr, flush=True)
+    if a.server:
+        from benchmarks.closed_loop import ENGINE_ARGS, ClosedLoop, with_flags
+        from benchmarks.closed_loop import record as record_server
+        from vllm_probe.schema.engine_settings import serve_flags
+
+        loop = ClosedLoop()
+
+        def server_run(out: Path, args: list[str]) -> Path:
+            if not (out / "meta.json").exists():
+                record_server(out, args, loop, out.parent / f"{out.name}.server.log")
+            return out
+
+        base = server_run(a.out / "server-recorded", list(ENGINE_ARGS))
+
+        def rerun_server(settings: dict) -> Path:
+            flags = serve_flags(settings)
+            pairs = dict(zip(flags[::2], flags[1::2]))
+            slug = ",".join(f"{k}={v}" for k, v in settings.items())
+            return server_run(a.out / f"server-plan-{slug}", with_flags(ENGINE_ARGS, pairs))
+
+        rows.append(plan_row("server (closed loop, 8 threads)", base, rerun_server, a.budget))
+    print()
+    for line in plan_table(rows):
+        print(line)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", help="comma-separated names (default: every file of configs/scenarios/)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_remedies"))
     ap.add_argument("--budget", type=float, default=120.0, help="doctor's search budget (s)")
     ap.add_argument("--no-undo-check", action="store_true", help="skip doctor on the remedied runs")
+    ap.add_argument("--remedies", action="store_true", help="check each finding's own remedy, not the plan")
+    ap.add_argument("--server", action="store_true", help="also a server under a closed-loop client (plans)")
     a = ap.parse_args()
     names = (a.scenarios.split(",") if a.scenarios
              else sorted(p.stem for p in (ROOT / "configs/scenarios").glob("*.yaml")))
     a.out.mkdir(parents=True, exist_ok=True)
+    if not a.remedies:
+        return plans_main(a, names)
     rows = []
     for name in names:
         scenario = ROOT / "configs/scenarios" / f"{name}.yaml"
