@@ -5,9 +5,11 @@ interrupted write leaving the previous page; and what the page says without a br
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import re
 import stat
+from pathlib import Path
 import subprocess
 import sys
 
@@ -94,3 +96,35 @@ def test_an_interrupted_write_leaves_the_previous_page(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write(out, Interrupted("<p>two</p>"))
     assert out.read_text() == "<p>one</p>" and os.listdir(tmp_path) == ["r.html"]
+
+
+def test_the_page_shows_the_plan_of_a_saved_doctor_json_else_the_arithmetic(tmp_path):
+    """``--doctor FILE`` (a saved ``doctor --json``) puts its replayed plan on the page; without
+    it the page shows the rules' arithmetic as the plan, labelled unchecked."""
+    import json
+
+    from tests.conftest import run_cli
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "demo-run", run)
+    page = tmp_path / "plain.html"
+    r = run_cli("report", str(run), "-o", str(page))
+    assert r.returncode == 0, r.stderr
+    text = page.read_text()
+    assert "the rules&#x27; arithmetic, not checked by the replay" in text or \
+        "the rules' arithmetic, not checked by the replay" in text
+    saved = tmp_path / "doctor.json"
+    plan = {"settings": {"num_kv_blocks": 225}, "flags": ["--num-gpu-blocks-override", "225"],
+            "engine_args": {"num_gpu_blocks_override": 225}, "checked": True, "clears": ["kv-bound"],
+            "leaves": ["preemption-storm"], "left_because": {"preemption-storm": "preemptions 3 against the goal 0.3"}}
+    saved.write_text(json.dumps({"run_dir": str(run), "plan": plan, "findings": []}))
+    page2 = tmp_path / "replayed.html"
+    r = run_cli("report", str(run), "--doctor", str(saved), "-o", str(page2))
+    assert r.returncode == 0, r.stderr
+    text = page2.read_text()
+    assert "(replayed)" in text and "--num-gpu-blocks-override 225" in text
+    assert "preemptions 3 against the goal 0.3" in text
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    r = run_cli("report", str(run), "--doctor", str(bad), "-o", str(tmp_path / "x.html"))
+    assert r.returncode == 2 and "not the output of `vllm-probe doctor --json`" in r.stderr

@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a tune result: tune --out DIR (its tune.json), or a file holding tune --json")
     p.add_argument("-o", "--output", metavar="FILE", type=path_arg,
                    help=f"the page (default: {DEFAULT_FILE} in the first RUN_DIR; '-': stdout)")
+    p.add_argument("--doctor", action="append", default=[], metavar="FILE", type=path_arg,
+                   help="a saved `vllm-probe doctor RUN_DIR --json` of a run: the page shows its plan (replayed); "
+                        "without it, the plan of the rules' arithmetic, labelled unchecked")
     p.add_argument("--by", type=by_arg, metavar="prompt_len:A,B",
                    help="latency classes by prompt length with these boundaries in tokens "
                         "(default: a quarter of the token budget and the token budget)")
@@ -60,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
             raise CliError(f"{path}: no such file or directory")
     out = args.output or str(run_dirs[0] / DEFAULT_FILE)
     runs = [read_run(d, boundaries=args.by or None) for d in run_dirs]
+    _attach_plans(runs, args.doctor)
     try:
         sweeps = [read_whatif(p, runs) for p in args.whatif] + [read_tune(p, runs) for p in args.tune]
     except ReportInputError as e:
@@ -79,3 +83,29 @@ def main(args: argparse.Namespace) -> int:
         if r.summary.read.get("malformed") or r.summary.read.get("partial") or r.summary.read.get("unknown_kind"):
             print(f"vllm-probe: note: {r.label}: {r.summary.read['text']}", file=sys.stderr)
     return 0
+
+
+def _attach_plans(runs: list, doctor_files: list[str]) -> None:
+    """Each run's plan: from a saved ``doctor --json`` whose ``run_dir`` is the run's, else
+    the rules' arithmetic (:func:`vllm_probe.advice.plan.unchecked_plan`), labelled so.
+
+    Raises:
+        CliError: a --doctor file that cannot be read or holds no plan.
+    """
+    import json
+
+    import msgspec
+
+    from ..advice.plan import unchecked_plan
+    from ..analysis.doctor.plan import Plan
+
+    saved: dict[str, Plan] = {}
+    for path in doctor_files:
+        try:
+            data = json.loads(Path(path).read_text())
+            saved[str(Path(data["run_dir"]).resolve())] = msgspec.convert(data["plan"], Plan)
+        except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError) as e:
+            raise CliError(f"--doctor {path}: not the output of `vllm-probe doctor --json` ({e})") from None
+    for r in runs:
+        r.doctor.plan = saved.get(str(Path(r.run_dir).resolve())) or unchecked_plan(
+            r.doctor.findings, "vllm-probe report does not replay; `vllm-probe doctor --json` does (--doctor FILE)")

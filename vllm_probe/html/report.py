@@ -387,11 +387,14 @@ def _doctor(run: RunPage, index: int, multi: bool) -> str:
 
 
 def _plan(plan: Any) -> str:
-    """The doctor's plan, where its report has one: the settings and flags, what it
-    clears and leaves, the predicted figures."""
+    """The doctor's plan (``doctor --json``'s ``plan``): the settings as ``vllm serve`` flags
+    and ``LLM(...)`` arguments, replayed or arithmetic, what it clears and leaves and why,
+    each figure against the replay at the recorded settings with its direction and interval,
+    its cost and the rerun that checks it."""
     if not isinstance(plan, dict):
         return f"<h3>Plan</h3><pre>{_e(json.dumps(plan, indent=1, default=str))}</pre>"
-    parts = ["<h3>Plan</h3>"]
+    how = "replayed" if plan.get("checked") else "the rules' arithmetic, not checked by the replay"
+    parts = [f"<h3>Plan <span class='sub'>({_e(how)})</span></h3>"]
     settings = plan.get("settings")
     if isinstance(settings, dict) and settings:
         parts.append("<div>apply <span class='mono'>" + _e(", ".join(f"{k} = {v}" for k, v in settings.items()))
@@ -399,21 +402,35 @@ def _plan(plan: Any) -> str:
     flags = plan.get("flags")
     if isinstance(flags, list) and flags:
         parts.append("<div>vllm serve <span class='mono'>" + _e(" ".join(map(str, flags))) + "</span></div>")
-    for key, label in (("clears", "clears"), ("leaves", "leaves")):
-        v = plan.get(key)
-        if isinstance(v, list) and v:
-            parts.append(f"<div>{label}: <span class='mono'>{_e(', '.join(map(str, v)))}</span></div>")
+    args = plan.get("engine_args")
+    if isinstance(args, dict) and args:
+        parts.append("<div><span class='mono'>LLM(..., " + _e(", ".join(f"{k}={v!r}" for k, v in args.items()))
+                     + ")</span></div>")
+    if plan.get("conflict"):
+        parts.append(f"<div class='warn'>{_e(plan['conflict'])}</div>")
+    clears = plan.get("clears")
+    if isinstance(clears, list) and clears:
+        parts.append(f"<div>clears: <span class='mono'>{_e(', '.join(map(str, clears)))}</span></div>")
+    why = plan.get("left_because") if isinstance(plan.get("left_because"), dict) else {}
+    for fid in plan.get("leaves") or []:
+        parts.append(f"<div>leaves <span class='mono'>{_e(fid)}</span>: {_e(why.get(fid, ''))}</div>")
     predicted = plan.get("predicted")
     if isinstance(predicted, dict) and predicted:
         rows = []
         for name, v in predicted.items():
             v = v if isinstance(v, dict) else {"predicted": v}
-            unit = OBJECTIVES[name].unit if name in OBJECTIVES else ""
+            unit = v.get("unit") or (OBJECTIVES[name].unit if name in OBJECTIVES else "")
+            iv = v.get("interval") if isinstance(v.get("interval"), dict) else None
             cells = "".join(f"<td class='num'>{_fmt(v.get(k), unit)}</td>"
                             for k in ("recorded", "baseline", "predicted"))
+            cells += ("<td class='num'>" + (f"{_fmt(iv.get('lo'), unit)}–{_fmt(iv.get('hi'), unit)}" if iv else "")
+                      + f"</td><td>{_e(v.get('direction') or '')}</td>")
             rows.append(f"<tr><th class='mono'>{_e(name)}</th>{cells}</tr>")
-        parts.append("<table><tr><th></th><th>recorded</th><th>baseline</th><th>predicted</th></tr>"
-                     + "".join(rows) + "</table>")
+        parts.append("<table><tr><th></th><th>recorded</th><th>baseline (replay)</th><th>predicted</th>"
+                     "<th>interval</th><th>against the baseline</th></tr>" + "".join(rows) + "</table>")
+    for key, label in (("cost", "cost"), ("rerun", "check")):
+        for line in plan.get(key) or []:
+            parts.append(f"<div>{label}: <span class='mono'>{_e(line)}</span></div>")
     return "".join(parts)
 
 
