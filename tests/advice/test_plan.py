@@ -36,10 +36,11 @@ class StandIn:
         self.recorded_figures = figures({})
         self.recorded = None
         self.deadline = None
+        self.keep = False
         self.all_replays = 0
         self.spread = Spread()
 
-    def evaluate(self, points, requests=None, subsets=()):
+    def evaluate(self, points, requests=None, subsets=(), keep=None):
         self.all_replays += len(points)
         return [Evaluation(dict(p), figures=self.figures(p)) for p in points]
 
@@ -137,3 +138,33 @@ def test_the_text_says_what_the_json_says():
     assert "VLLM_CPU_KVCACHE_SPACE=1 (GiB: 80 blocks × 1,048,576 bytes)" in text
     assert "gpu_memory_utilization" not in text
     assert any("+40 blocks (40 MiB of KV cache)" in c for c in d["cost"])
+
+
+def test_a_goal_reached_is_not_a_finding_cleared(monkeypatch):
+    """max_num_seqs 4 and 80 KV blocks both reach both goals in the figures, and 4 is the
+    smaller change; but the doctor's rules, run on max_num_seqs 4's replay, still raise the
+    storm (its queue is shorter, its preemptions are not gone): the plan is 80 blocks, which
+    clears both on its replay, and max_num_seqs 4 would have left the storm with that reason."""
+    def figures(p):
+        ok = p.get("max_num_seqs", 16) <= 4 or p.get("num_kv_blocks", 40) >= 80
+        return {"preemptions": 0.0 if ok else 20.0, "worst_request_preemptions": 0.0 if ok else 3.0}
+
+    def still(scope, p):
+        return {"preemption-storm": "2 preemptions in 900 steps"} if p.get("max_num_seqs") == 4 else {}
+
+    monkeypatch.setattr(plans, "_still_found", still)
+    findings, searches = storm_and_thrash()
+    p = plans.build(findings, searches, StandIn(figures), time.monotonic() + 60)
+    assert p.settings == {"num_kv_blocks": 80} and p.clears == ["preemption-thrash", "preemption-storm"]
+
+
+def test_when_nothing_reaches_a_goal_the_plan_applies_nothing_and_names_the_closest():
+    """Every replayed point leaves the storm at 20 preemptions and the worst request at 3:
+    the plan applies nothing, leaves both, and its one alternative is the closest point."""
+    findings, searches = storm_and_thrash()
+    p = plans.build(findings, searches, StandIn(lambda p: {"preemptions": 20.0, "worst_request_preemptions": 3.0}),
+                    time.monotonic() + 60)
+    assert (p.settings, p.clears, p.checked) == ({}, [], True)
+    assert sorted(p.leaves) == ["preemption-storm", "preemption-thrash"]
+    assert p.left_because["preemption-storm"].startswith("no replayed setting reaches its goal; the closest, ")
+    assert len(p.alternatives) == 1 and p.alternatives[0].clears == []

@@ -40,10 +40,10 @@ def hand_run(tmp_path_factory):
     return record(tmp_path_factory.mktemp("profile-flags") / "hand", workload(poisson(n=20)), nonlinear_cost)
 
 
-def _profile(run, path, **change):
+def _profile(run, path, region=None, **change):
     """A hand-made profile of ``run``'s engine (``change``: another identity's fields)
     whose step time is 10 ms per prefill token and nothing else, fitted up to 8 prefill
-    tokens and 2 decodes (the storm's steps are far outside it)."""
+    tokens and 2 decodes (the storm's steps are far outside it), or over ``region``."""
     from vllm_probe.analysis.workload import load_workload
     from vllm_probe.runs.rundir import read_meta
     from vllm_probe.sim import profile as profiles
@@ -51,7 +51,8 @@ def _profile(run, path, **change):
     ident = profiles.identity_of_run(load_workload(run).config, read_meta(run))[0]
     ident = profiles.Identity(**{f: getattr(ident, f) for f in ident.__struct_fields__} | change)
     prof = profiles.Profile(terms=["prefill_tokens"], intercept_s=0.0, coef_s=[1e-2],
-                            region={"prefill_tokens": 8.0, "decode_reqs": 2.0, "attn_decode": 100.0}, fit=[],
+                            region=region or {"prefill_tokens": 8.0, "decode_reqs": 2.0, "attn_decode": 100.0},
+                            fit=[],
                             measured_on=ident, created=1.0)
     return profiles.save(prof, path)
 
@@ -155,8 +156,11 @@ def test_the_profile_reaches_jobs_processes_and_ray_tasks(storm_run, tmp_path):
 
 
 def test_a_cached_profile_is_used_on_its_own_and_said(storm_run, tmp_path, monkeypatch, capsys):
+    """A cached profile of this engine that covers the run's steps is used on its own (one
+    that does not is passed over: tests/sim/test_profile_match.py)."""
     cache = tmp_path / "cache"
-    prof = _profile(storm_run, cache / "tiny.json")
+    prof = _profile(storm_run, cache / "tiny.json",
+                    region={"prefill_tokens": 1e4, "decode_reqs": 64.0, "attn_decode": 1e7})
     monkeypatch.setenv("VLLMPROBE_PROFILE_DIR", str(cache))
     d, _ = _json(capsys, ["tune", str(storm_run), *SLO_KNOB, "--json"])
     assert d["step_time_model"] == {"source": "cache", "profile": str(prof), "forced": None}
@@ -170,7 +174,7 @@ def test_a_cached_profile_is_used_on_its_own_and_said(storm_run, tmp_path, monke
 
 def test_doctor_predictions_carry_the_outside_share(storm_run, tmp_path, capsys):
     prof = _profile(storm_run, tmp_path / "p.json")
-    d, _ = _json(capsys, ["doctor", str(storm_run), "--budget", "5", "--json", "--profile", str(prof)],
+    d, _ = _json(capsys, ["doctor", str(storm_run), "--budget", "20", "--json", "--profile", str(prof)],
                  code=_doctor_code(storm_run))
     assert d["step_time_model"] == {"source": "profile", "profile": str(prof), "forced": None}
     searched = [f for f in d["findings"] if f["predicted"]]

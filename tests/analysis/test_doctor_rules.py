@@ -322,7 +322,7 @@ def test_chunking_without_benefit():
     assert _ev(f) == {"prompts": 1, "extra_steps": 1, "share_of_steps": 0.05, "reread_kv_tokens": 1024,
                           "example": "P", "example_prompt_len": 2000, "example_steps": [0, 1], "requests": ["P"]}
     goal = rules.RULES["chunking-without-benefit"].goal(f)
-    assert (goal.figure, goal.reduce_by, goal.requests) == ("reread_kv_tokens", 0.5, ("P",))
+    assert (goal.figure, goal.at_most, goal.requests) == ("reread_kv_tokens", 0, ("P",))
     assert f.severity == WARNING and (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 2048)
     assert _alone(False, steps=21).findings()["chunking-without-benefit"].severity == INFO
     assert "chunking-without-benefit" not in _alone(True).findings()

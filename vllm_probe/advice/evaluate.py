@@ -339,11 +339,12 @@ class Evaluator:
         return out
 
     def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None,
-                 subsets: Iterable[Iterable[str]] = ()) -> list[Evaluation]:
+                 subsets: Iterable[Iterable[str]] = (), keep: bool | None = None) -> list[Evaluation]:
         """One :class:`Evaluation` per point, in order (a point vLLM refuses: ``error``);
         ``requests``: the subset for :attr:`Evaluation.figures_subset` (default: the
         evaluator's); ``subsets``: more subsets, each measured into
-        :attr:`Evaluation.figures_by`."""
+        :attr:`Evaluation.figures_by`; ``keep``: keep these replays' run directories (default:
+        the evaluator's choice)."""
         subset = tuple(requests) if requests is not None else self.requests
         more = tuple(tuple(sorted(x)) for x in subsets if x)
         planned = self._tasks(points)
@@ -351,7 +352,7 @@ class Evaluator:
         limit = self._time_limit()  # after planning: vLLM's checks import its config modules (seconds, once)
         for t in runnable:
             t.time_limit_s = limit
-        args = [(t, subset, self.keep, more) for t in runnable]
+        args = [(t, subset, self.keep if keep is None else keep, more) for t in runnable]
         if self._ray is not None:
             results = self._ray_map(args)
         elif self.jobs > 1 and len(args) > 1:

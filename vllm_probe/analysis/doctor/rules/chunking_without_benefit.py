@@ -104,8 +104,10 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
 
 
 def goal(f: Finding) -> Goal:
-    """The KV re-read of the prompts chunked with nothing decoding beside them, halved."""
-    return Goal("reread_kv_tokens", reduce_by=0.5, requests=tuple(evidence_of(f, ChunkingEvidence).requests))
+    """No KV re-read of the prompts chunked with nothing decoding beside them: each prefilled
+    in one step (what the finding is about; halving the re-read leaves it chunked, and the
+    finding with it)."""
+    return Goal("reread_kv_tokens", at_most=0, requests=tuple(evidence_of(f, ChunkingEvidence).requests))
 
 
 def prompt_budgets(settings: dict[str, Any], finding: Finding) -> list[int]:
