@@ -170,3 +170,23 @@ def test_ctrl_c_leaves_no_half_written_output(storm_run, tmp_path):
     p.communicate(timeout=120)
     assert p.returncode == 130
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_point_meets_an_slo_surely_only_across_its_whole_interval():
+    """TTFT p90 0.9 s against ttft_p90<=1s: met at its value; with an interval reaching 1.2 s
+    the machine's speed may take it past, so it is not met surely; at 0.95 s it is; an
+    output_tokens_per_s>=500 SLO is judged on the interval's low end."""
+    from vllm_probe.advice.evaluate import Evaluation
+    from vllm_probe.advice.tune import Point, parse_slo
+    from vllm_probe.sim.intervals import Interval
+
+    ev = Evaluation({}, figures={"ttft_p90": 0.9, "output_tokens_per_s": 600.0})
+    slos = [parse_slo("ttft_p90<=1s")]
+    p = Point({}, ev, True, 0.0, None, {"ttft_p90": Interval(0.7, 1.2, "speed")})
+    assert p.meets_surely(slos) is False and p.to_dict(slos)["meets_within_intervals"] is False
+    p.intervals["ttft_p90"] = Interval(0.7, 0.95, "speed")
+    assert p.meets_surely(slos) is True
+    assert p.to_dict(slos)["intervals"]["ttft_p90"] == {"lo": 0.7, "hi": 0.95, "from": "speed"}
+    tput = [parse_slo("output_tokens_per_s>=500")]
+    p.intervals["output_tokens_per_s"] = Interval(450.0, 700.0, "speed")
+    assert p.meets_surely(tput) is False

@@ -187,15 +187,28 @@ class Point:
     meets: bool
     violation: float
     objective: float | None
+    intervals: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, slos: list[Slo]) -> dict[str, Any]:
         ev = self.evaluation
         summary = {name: ev.figures.get(name) for name in OBJECTIVES}
         out: dict[str, Any] = {"settings": dict(self.overrides), "summary": summary, "meets": self.meets,
-                               "outside_region": ev.outside_region}
+                               "outside_region": ev.outside_region,
+                               "intervals": {k: v.to_dict() for k, v in self.intervals.items()},
+                               "meets_within_intervals": self.meets_surely(slos) if self.meets else False}
         if ev.error:
             out["error"] = ev.error
         return out
+
+    def meets_surely(self, slos: list[Slo]) -> bool:
+        """Whether every SLO holds across the whole interval of its figure (a figure without
+        one: at its value)."""
+        for s in slos:
+            iv = self.intervals.get(s.figure)
+            worst = self.evaluation.figures.get(s.figure) if iv is None else (iv.hi if s.op == "<=" else iv.lo)
+            if s.violation(worst) > 0:
+                return False
+        return True
 
 
 @dataclass
@@ -228,6 +241,7 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     step_time_model: dict[str, Any] | None = None
     baseline_outside: float | None = None
+    baseline_intervals: dict[str, Any] = field(default_factory=dict)
 
     def settings_of(self, p: Point) -> dict[str, Any]:
         """Every knob's value at ``p`` (recorded where it did not change), by whatif names."""
@@ -244,9 +258,11 @@ class TuneResult:
         rec = None
         if self.recommended is not None:
             settings = self.settings_of(self.recommended)
-            rec = {"settings": settings, "summary": self.recommended.to_dict(self.slos)["summary"],
+            full = self.recommended.to_dict(self.slos)
+            rec = {"settings": settings, "summary": full["summary"],
                    "flags": flags(self.recommended.overrides), "serve": serve_line(self.recommended.overrides),
-                   "outside_region": self.recommended.evaluation.outside_region}
+                   "outside_region": self.recommended.evaluation.outside_region, "intervals": full["intervals"],
+                   "meets_within_intervals": full["meets_within_intervals"]}
         closest = None
         if self.recommended is None and self.closest is not None:
             closest = {**self.closest.to_dict(self.slos), "would_take": self.would_take()}
@@ -257,7 +273,8 @@ class TuneResult:
             "objective": {"figure": self.objective, "direction": self.direction},
             "baseline": {"settings": {k.setting: self.recorded_settings.get(k.setting) for k in self.knobs},
                          "recorded": self.recorded, "replayed": self.baseline, "error": self.baseline_error,
-                         "outside_region": self.baseline_outside},
+                         "outside_region": self.baseline_outside,
+                         "intervals": {k: v.to_dict() for k, v in self.baseline_intervals.items()}},
             "evaluated": [p.to_dict(self.slos) for p in self.evaluated],
             "recommended": rec,
             "closest": closest,
@@ -351,7 +368,10 @@ def tune(evaluator: Evaluator, slos: list[Slo], knobs: list[TuneKnob], objective
                     lambda o, ev: _key(point(o, ev), direction), rec, evaluator.baseline, start + budget_s,
                     progress=progress)
     seen = [point(o, ev) for o, ev in found.seen.values()]
+    for p in seen:
+        p.intervals = evaluator.intervals(p.evaluation)
     result.evaluated = seen[1:]
+    result.baseline_intervals = seen[0].intervals
     result.rounds, result.complete = found.rounds, found.complete
     result.replays = len(result.evaluated)
     result.seconds = time.monotonic() - start

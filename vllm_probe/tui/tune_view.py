@@ -16,16 +16,17 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.objectives import objective
-from .format import figure, signed_pct
+from .format import signed_pct, with_range
 from .whatif_view import outside_line, step_time_model_line
 
 #: Evaluated settings shown (the best first); --json has them all.
 SHOWN = 20
 
 
-def _fig(name: str, v: Any) -> str:
+def _fig(name: str, v: Any, intervals: dict[str, Any] | None = None) -> str:
     unit = objective(name).unit
-    return figure(v, "s" if unit == "s" else "")
+    iv = (intervals or {}).get(name) or {}
+    return with_range(v, iv.get("lo"), iv.get("hi"), "s" if unit == "s" else "")
 
 
 def _settings(s: dict[str, Any]) -> str:
@@ -69,15 +70,20 @@ def render(d: dict[str, Any]) -> RenderableType:
     t.add_column("meets")
     names = list(dict.fromkeys(slo_names + [obj]))
     t.add_row("recorded run", *[_fig(n, d["baseline"]["recorded"].get(n)) for n in names], "", style="dim")
-    t.add_row("replayed at recorded", *[_fig(n, d["baseline"]["replayed"].get(n)) for n in names], "", style="dim")
+    t.add_row("replayed at recorded", *[_fig(n, d["baseline"]["replayed"].get(n), d["baseline"].get("intervals"))
+                                        for n in names], "", style="dim")
     shown = sorted(d["evaluated"], key=lambda p: (not p["meets"], "error" in p))[:SHOWN]
     for p in shown:
         if "error" in p:
             t.add_row(_settings(p["settings"]), *["" for _ in names], Text(p["error"][:60], style="red"))
             continue
-        t.add_row(_settings(p["settings"]), *[_fig(n, p["summary"].get(n)) for n in names],
-                  Text("yes", style="green") if p["meets"] else Text("no", style="yellow"))
+        meets = (Text("yes", style="green") if p.get("meets_within_intervals", p["meets"]) else
+                 Text("likely", style="yellow") if p["meets"] else Text("no", style="yellow"))
+        t.add_row(_settings(p["settings"]), *[_fig(n, p["summary"].get(n), p.get("intervals")) for n in names], meets)
     parts.append(t)
+    if any(p["meets"] and not p.get("meets_within_intervals", True) for p in d["evaluated"]):
+        parts.append(Text("likely: meets the SLOs at its predicted value, not across its whole interval (the "
+                          "machine's speed may take it past)", style="dim"))
     outside = _outside(d)
     if outside is not None:
         parts.append(outside)
