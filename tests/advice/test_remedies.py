@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import msgspec
 
 from tests.conftest import requires_vllm
-from vllm_probe.advice import remedies
+from vllm_probe.advice import bounds, goals, remedies
 from vllm_probe.advice.evaluate import Evaluation
 from vllm_probe.analysis.doctor.findings import Finding, Remedy
 
@@ -119,10 +119,10 @@ def test_a_goal_is_reached_against_the_recording_too_when_the_replay_reads_highe
 
 
 def test_the_reference_is_the_lower_of_baseline_and_recorded():
-    assert remedies.reference(0.687, 0.323) == 0.323
-    assert remedies.reference(0.3, 0.4) == 0.3
-    assert remedies.reference(None, 0.4) == 0.4 and remedies.reference(0.3, None) == 0.3
-    assert remedies.reference(None, None) is None
+    assert goals.reference(0.687, 0.323) == 0.323
+    assert goals.reference(0.3, 0.4) == 0.3
+    assert goals.reference(None, 0.4) == 0.4 and goals.reference(0.3, None) == 0.3
+    assert goals.reference(None, None) is None
 
 
 def test_a_remedy_whose_replay_fails_is_never_offered():
@@ -191,10 +191,10 @@ def test_a_stopped_search_drops_an_arithmetic_its_replay_tried_and_failed(monkey
 
 def test_bounds_release_platform_and_budget():
     recorded = {"max_num_batched_tokens": 512}
-    assert remedies.allowed("max_num_batched_tokens", 4096, recorded, {}) is None
-    assert "more than 8× the recorded 512" in remedies.allowed("max_num_batched_tokens", 4097, recorded, {})
-    assert "CPU platform" in remedies.allowed("gpu_memory_utilization", 0.95, recorded, {"platform": "cpu"})
-    assert "not a setting" in remedies.allowed("max_num_partial_prefills_x", 2, recorded, {})
+    assert bounds.allowed("max_num_batched_tokens", 4096, recorded, {}) is None
+    assert "more than 8× the recorded 512" in bounds.allowed("max_num_batched_tokens", 4097, recorded, {})
+    assert "CPU platform" in bounds.allowed("gpu_memory_utilization", 0.95, recorded, {"platform": "cpu"})
+    assert "not a setting" in bounds.allowed("max_num_partial_prefills_x", 2, recorded, {})
 
 
 def test_a_finding_without_a_goal_keeps_its_arithmetic_unchecked():
@@ -333,9 +333,9 @@ def test_counts_are_judged_whatever_the_region():
     seconds are raised by the extrapolated share beyond the baseline's."""
     import pytest
 
-    assert remedies.judged("preemptions", 5.0, 0.9, 0.0) == 5.0
-    assert remedies.judged("held_slot_steps", 5.0, 0.9, 0.0) == 5.0
-    assert remedies.judged("ttft_p90", 2.0, 0.25, 0.0) == pytest.approx(2.5)
-    assert remedies.judged("ttft_p90", 2.0, 0.30, 0.25) == pytest.approx(2.1)
-    assert remedies.judged("ttft_p90", 2.0, 0.10, 0.25) == 2.0
-    assert remedies.judged("ttft_p90", 2.0, None, 0.0) == 2.0
+    assert goals.judged("preemptions", 5.0, 0.9, 0.0) == 5.0
+    assert goals.judged("held_slot_steps", 5.0, 0.9, 0.0) == 5.0
+    assert goals.judged("ttft_p90", 2.0, 0.25, 0.0) == pytest.approx(2.5)
+    assert goals.judged("ttft_p90", 2.0, 0.30, 0.25) == pytest.approx(2.1)
+    assert goals.judged("ttft_p90", 2.0, 0.10, 0.25) == 2.0
+    assert goals.judged("ttft_p90", 2.0, None, 0.0) == 2.0

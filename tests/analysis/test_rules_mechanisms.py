@@ -439,7 +439,7 @@ def test_chunking_remedy_holds_the_prompt_even_beyond_eight_times_the_budget():
     f = {f.id: f for f in r.analyze()[2]}["chunking-without-benefit"]
     assert (f.remedy.setting, f.remedy.value) == ("max_num_batched_tokens", 9216)
     assert "more than the 8× of the recorded budget" in f.remedy.arithmetic
-    from vllm_probe.advice.remedies import allowed
+    from vllm_probe.advice.bounds import allowed
     from vllm_probe.analysis.doctor import RULES
 
     (knob,) = RULES["chunking-without-benefit"].knobs

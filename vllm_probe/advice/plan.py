@@ -9,7 +9,7 @@ the question a user acts on: one set of settings for the whole run.
 * **Goals** — every searched finding's :class:`~vllm_probe.analysis.doctor.rule.Goal`,
   judged on one replay as the remedy search judges it (against the lower of the replay at
   the recorded settings and the recording; seconds the step-time model extrapolates counted
-  double: :func:`vllm_probe.advice.remedies.judged`).
+  double: :func:`vllm_probe.advice.goals.judged`).
 * **Knobs** — the union of the findings' knobs and candidate values (each finding's own
   remedy among them), at most :data:`MAX_VALUES` per setting, smallest change first.
 * **Search** — :func:`vllm_probe.advice.descent.descend` from the recorded settings, the
@@ -42,9 +42,9 @@ from ..analysis.objectives import measure, objective
 from ..schema.engine_settings import BY_NAME, engine_arg_of, serve_flags
 from .descent import descend
 from .evaluate import EvaluateError, Evaluation, Evaluator
-from .remedies import (
-    TRADEOFFS, CheckedRemedy, Search, change_size, cut_or_whole, goal_label, goal_steps, judged, reference,
-)
+from .goals import change_size, goal_label, goal_steps, judged, reference
+from .remedies import Search, cut_or_whole
+from .verdict import TRADEOFFS, CheckedRemedy
 
 #: Values per setting the plan's search tries (the findings' candidates, smallest change first).
 MAX_VALUES = 6
@@ -74,7 +74,7 @@ class GoalCheck:
 
     @property
     def reference(self) -> float | None:
-        """What a ``reduce_by`` goal is taken from (:func:`vllm_probe.advice.remedies.reference`)."""
+        """What a ``reduce_by`` goal is taken from (:func:`vllm_probe.advice.goals.reference`)."""
         return reference(self.baseline, self.recorded)
 
     @property

@@ -18,6 +18,7 @@ from ..analysis.doctor import Report
 from . import plan as plans
 from . import remedies
 from .evaluate import EvaluateError, Evaluator
+from .verdict import unchecked
 
 #: The share of the budget the per-finding searches may use; the plan gets what is left.
 SEARCH_SHARE = 0.5
@@ -41,7 +42,7 @@ def prescribe(report: Report, budget_s: float = remedies.DEFAULT_BUDGET_S, *, jo
     except EvaluateError as e:
         if type(e).__name__ == "ProfileRefused":
             raise
-        remedies.unchecked(report.findings)
+        unchecked(report.findings)
         report.plan = plans.unchecked_plan(report.findings, f"the replay cannot run ({e})")
         return [f"doctor: the replay cannot run ({e}); remedies are the arithmetic, unchecked"]
     report.step_time_model = evaluator.step_time_model.to_dict()
@@ -50,7 +51,7 @@ def prescribe(report: Report, budget_s: float = remedies.DEFAULT_BUDGET_S, *, jo
         left = max(deadline - time.monotonic(), 0.0)
         searches = remedies.search(report.findings, evaluator, SEARCH_SHARE * left, progress=progress,
                                    whole_run=whole_run)
-        remedies.unchecked(report.findings)
+        unchecked(report.findings)
         report.plan = plans.build(report.findings, searches, evaluator, deadline, whole_run, progress)
     finally:
         evaluator.close()

@@ -70,57 +70,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis.doctor.findings import (
-    BaselineError, FigureChange, Finding, GoalRecord, Prediction, Remedy, TriedRecord,
-)
-from ..analysis.doctor.knobs import BUDGET_MAX_FACTOR
+from ..analysis.doctor.findings import Finding, Prediction, TriedRecord
 from ..analysis.doctor.rule import Goal, Knob, Rule
-from ..analysis.objectives import measure, objective
-from ..analysis.workload import Workload
-from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator, raise_failed
+from ..analysis.objectives import objective
+from .bounds import allowed, release_ok
+from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator
+from .goals import change_size, figure_of, goal_steps, judged
+from .verdict import conclude, goal_met, measure_reference, overrides_text, references, unchecked
 
 #: Default time budget of a doctor search (s of replays, every finding together).
 DEFAULT_BUDGET_S = 60.0
-#: Largest token budget tried, as a multiple of the recorded one: the rules' own cap
-#: (:data:`vllm_probe.analysis.doctor.knobs.BUDGET_MAX_FACTOR`).
-MAX_BUDGET_FACTOR = BUDGET_MAX_FACTOR
+
+
 #: Candidates per knob combined in pairs (pairs are tried only when no single knob works).
 PAIR_DEPTH = 3
-#: Figures reported as trade-offs beside the goal's (objectives names).
-TRADEOFFS = ("itl_p90", "output_tokens_per_s", "ttft_p90", "num_kv_blocks", "preemptions")
-#: A goal in seconds is judged on the replay's figure raised by this many times the share
-#: of its predicted seconds that comes from feature values beyond the step-time model's
-#: fitted region, beyond the baseline replay's share
-#: (:attr:`vllm_probe.sim.stepmodel.StepTimeModel.extrapolated_share`): the seconds the
-#: model extrapolates are counted as if they could cost double. Measured (docs/doctor.md):
-#: held-slots' max_num_seqs 64 (4,096-token prefills against a profile fitted up to 2,047)
-#: ran its steps at 25.8 ms where the replay priced 14.4 ms (1.8×): predicted queue p90
-#: 0.135 → 0.088 s, real 0.142 → 0.160 s; seed-burst's 128 KV blocks put decode attention
-#: 3-4× beyond the profile, 14 % of its seconds, and its prediction held (2.64 s; 2.16 s
-#: real). Part 13 measured 16-143 % errors where a setting creates steps the recording
-#: never had.
-EXTRAPOLATION_COST = 1.0
-#: Settings that size the token budget (bounded by MAX_BUDGET_FACTOR).
-_BUDGETS = ("max_num_batched_tokens", "max_num_scheduled_tokens")
-
-
-@dataclass
-class CheckedRemedy(Remedy):
-    """A :class:`~vllm_probe.analysis.doctor.findings.Remedy` with what the replay said.
-
-    Attributes (beyond Remedy's):
-        checked: True when the replay reached the goal at these settings; False for the
-            arithmetic without a replay (``--no-replay``, no vLLM, a rule with no goal).
-        predicted: ``{"goal", "figure", "unit", "recorded", "baseline", "predicted",
-            "tradeoffs": {figure: {"recorded", "baseline", "predicted", "unit"}}}``
-            (None when not checked).
-        began_at: the arithmetic remedy the search started from (``setting``, ``value``,
-            ``whatif``, ``arithmetic``); None when this is the arithmetic itself.
-    """
-
-    checked: bool = False
-    predicted: dict[str, Any] | None = None
-    began_at: dict[str, Any] | None = None
 
 
 def rule_for(finding_id: str) -> Rule | None:
@@ -128,46 +91,6 @@ def rule_for(finding_id: str) -> Rule | None:
     from ..analysis.doctor.rules import RULES
 
     return RULES.get(finding_id)
-
-
-# -- bounds -------------------------------------------------------------------------------
-
-
-def _release_ok(knob: Knob) -> bool:
-    if knob.min_release is None:
-        return True
-    try:
-        import vllm
-        from packaging.version import Version
-
-        return Version(vllm.__version__.split("+")[0]) >= Version(knob.min_release)
-    except Exception:
-        return False
-
-
-def allowed(setting: str, value: Any, recorded: dict[str, Any], config: dict[str, Any],
-            knob: Knob | None = None) -> str | None:
-    """Why ``setting = value`` is out of bounds (one line), or None when it may be tried
-    (``knob``: the rule's knob proposing it; one bounded by its rule's mechanism is not held
-    to the operators' budget cap)."""
-    from ..sim.engine_args import SETTINGS
-
-    if setting not in SETTINGS:
-        return f"{setting}: not a setting the replay (and this vLLM) has"
-    platform = str(config.get("platform") or config.get("device") or "").lower()
-    if setting == "gpu_memory_utilization" and (platform == "cpu" or not config.get("device_memory_bytes")):
-        return "gpu_memory_utilization: the CPU platform sizes its KV cache from VLLM_CPU_KVCACHE_SPACE"
-    out_of_bounds = SETTINGS[setting].out_of_bounds(value)
-    if out_of_bounds:
-        return out_of_bounds
-    if setting in _BUDGETS and not (knob is not None and knob.beyond_cap):
-        base = recorded.get(setting) or recorded.get("max_num_batched_tokens")
-        if base and value > MAX_BUDGET_FACTOR * base:
-            return f"{setting}={value}: more than {MAX_BUDGET_FACTOR}× the recorded {base}"
-    return None
-
-
-# -- the search -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -228,43 +151,6 @@ def _itl(t: Tried) -> float:
     return v if v is not None else math.inf
 
 
-def change_size(overrides: dict[str, Any], recorded: dict[str, Any]) -> float:
-    total = 0.0
-    for k, v in overrides.items():
-        r = recorded.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(r, (int, float)) \
-                and not isinstance(r, bool) and r > 0 and v > 0:
-            total += abs(math.log(v / r))
-        else:
-            total += 1.0
-    return total
-
-
-def _figure(ev: Evaluation, goal: Goal) -> float | None:
-    return (ev.figures_subset if goal.requests else ev.figures).get(goal.figure)
-
-
-def goal_steps(goal: Goal, finding: Finding, w: Workload) -> tuple[int, int] | None:
-    """Recorded steps ``(first, last)`` holding everything ``goal``'s figure counts: its
-    requests from their arrival to their finish, the run's preempt events, the finding's
-    held-slot steps; None when the figure is the whole run's (a quantile over every
-    request, throughput) or the steps are not known (a request unfinished, preempt events
-    off)."""
-    if goal.requests:
-        ids = set(goal.requests)
-        rs = [r for r in w.requests if r.req_id in ids]
-        if len(rs) != len(ids) or any(r.finish_step is None for r in rs):
-            return None
-        return min(r.add_before_step for r in rs), max(int(r.finish_step or 0) for r in rs)
-    if goal.figure in ("preemptions", "worst_request_preemptions"):
-        steps = [p.step for p in w.preempts]
-        return (min(steps), max(steps)) if steps else None
-    if goal.figure == "held_slot_steps":
-        rng = getattr(finding.evidence, "step_range", None)
-        return (int(rng[0]), int(rng[1])) if rng else None
-    return None
-
-
 def _evaluator_for(s: Search, evaluator: Evaluator, whole_run: bool) -> Evaluator:
     """The stretch's evaluator when the goal's steps lie in a short enough idle-bounded
     stretch (:func:`vllm_probe.sim.cut.stretch_for`), else ``evaluator``."""
@@ -322,14 +208,14 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
         for s in searches:
             ev = s.evaluator = _evaluator_for(s, evaluator, whole_run)
             try:
-                _measure_reference(s, ev)
+                measure_reference(s, ev)
                 _search_one(s, ev, recorded, deadline, progress)
             except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
                 s.complete = not isinstance(e, BaselineStopped)
                 s.finding.predicted = Prediction(error=_baseline_failed(e, ev, budget_s), complete=s.complete)
                 unchecked([s.finding])
                 continue
-            _conclude(s, ev, recorded)
+            conclude(s, ev, recorded)
     finally:
         evaluator.deadline = None
     return searches
@@ -341,7 +227,7 @@ def _prepared(s: Search, rule: Rule, recorded: dict[str, Any], config: dict[str,
     the arithmetic before it says anything of it)."""
     arithmetic = s.finding.remedy.whatif if s.finding.remedy is not None else {}
     for knob in rule.knobs:
-        if not _release_ok(knob):
+        if not release_ok(knob):
             s.skipped.append(f"{knob.setting}: needs vLLM {knob.min_release}")
             continue
         values = list(knob.candidates(recorded, s.finding))
@@ -375,61 +261,6 @@ def _baseline_failed(error: EvaluateError, evaluator: Evaluator, budget_s: float
     est = f" (reached step {done:,} of {total:,}: about {secs * total / done:,.0f} s per replay)" if done else ""
     return (f"replaying {what} at the recorded settings did not fit the search's budget of {budget_s:g} s{est}; "
             "the remedy is the arithmetic, unchecked; --budget S searches longer")
-
-
-def _references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | None, Evaluation]:
-    """The goal figure recorded and replayed at the recorded settings by ``evaluator`` (the
-    whole run's or a stretch's), and that baseline replay; kept per evaluator."""
-    key = id(evaluator)
-    if key not in s.references:
-        g = s.goal
-        if g.requests:
-            rec = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
-            same = g.requests == evaluator.requests
-            base = evaluator.baseline if same else raise_failed(evaluator.evaluate([{}], requests=g.requests)[0])
-        else:
-            rec, base = evaluator.recorded_figures.get(g.figure), evaluator.baseline
-        s.references[key] = (rec, _figure(base, g), base)
-    return s.references[key]
-
-
-def _measure_reference(s: Search, evaluator: Evaluator) -> None:
-    s.recorded, s.baseline, _ = _references(s, evaluator)
-
-
-def reference(baseline: float | None, recorded: float | None) -> float | None:
-    """The figure a ``reduce_by`` goal is taken from: the lower of the replay at the recorded
-    settings (``baseline``) and the recording (``recorded``); either alone when the other is
-    unknown.
-
-    The stricter of the two, so that a change must beat the model's own baseline (its error
-    at the recorded settings is no improvement) and, in absolute terms, what really ran.
-    Measured (stop 22, docs/tune.md): short-behind-long recorded under load had a short
-    requests' TTFT p90 of 0.323 s and a baseline replay of 0.687 s; a threshold of 512
-    predicted 0.256 s, "half the baseline", and measured 0.285 s for real (-12 %). Against
-    the recording, 0.256 s is not half, and the search went on to a change that is.
-    """
-    known = [v for v in (baseline, recorded) if v is not None]
-    return min(known) if known else None
-
-
-def _met(s: Search, value: float | None, evaluator: Evaluator) -> bool | None:
-    """Whether ``value`` reaches the goal, against ``evaluator``'s references (the search's
-    evaluator's, or the wider stretch's a point was replayed on)."""
-    recorded_value, baseline_value, _ = _references(s, evaluator)
-    return s.goal.met(reference(baseline_value, recorded_value), value)
-
-
-def judged(figure: str, value: float, share: float | None, baseline_share: float | None) -> float:
-    """The value of a replay's ``figure`` the goal is judged on: a figure in seconds raised
-    by :data:`EXTRAPOLATION_COST` × the share (0..1, :attr:`Evaluation.extrapolated_share`)
-    of the replay's predicted seconds from beyond the fitted region in excess of the
-    baseline replay's (``baseline_share``); any other figure (counts of steps, preemptions
-    and tokens do not depend on the step time) as it is."""
-    if share is None or objective(figure).unit != "s":
-        return value
-    excess = max(0.0, share - (baseline_share or 0.0))
-    return value * (1.0 + EXTRAPOLATION_COST * excess)
 
 
 def _spilled(evaluator: Evaluator, ev: Evaluation) -> bool:
@@ -470,20 +301,20 @@ def _run(s: Search, evaluator: Evaluator, points: list[dict[str, Any]], recorded
                 break
             try:
                 wider_ev = wider.evaluate([p], requests=s.goal.requests)[0]
-                _references(s, wider)  # its baseline, replayed once
+                references(s, wider)  # its baseline, replayed once
             except EvaluateError:  # the wider stretch's baseline did not fit the budget
                 break
             where, ev = wider, wider_ev
-        value = _figure(ev, s.goal) if ev.ok else None
+        value = figure_of(ev, s.goal) if ev.ok else None
         spilled = ev.ok and _spilled(where, ev)
         stopped = ev.stopped_at is not None
         if stopped:
             s.complete = False
-        met = (None if spilled else _met(s, value, where)) if ev.ok else (None if stopped else False)
+        met = (None if spilled else goal_met(s, value, where)) if ev.ok else (None if stopped else False)
         far = False
         if met and value is not None:  # the extrapolated seconds, counted double, must still reach it
-            met = _met(s, judged(s.goal.figure, value, ev.extrapolated_share,
-                                 _references(s, where)[2].extrapolated_share), where)
+            met = goal_met(s, judged(s.goal.figure, value, ev.extrapolated_share,
+                                 references(s, where)[2].extrapolated_share), where)
             far = not met
         t = Tried(dict(p), value, met, ev, change_size(p, recorded), far, spilled,
                   where.stretch.to_dict() if where is not evaluator and where.stretch is not None
@@ -507,7 +338,7 @@ def _search_one(s: Search, evaluator: Evaluator, recorded: dict[str, Any], deadl
         if not points:
             break
         if progress:
-            progress(f"{s.finding.id}: replaying {', '.join(_text(p) for p in points)}")
+            progress(f"{s.finding.id}: replaying {', '.join(overrides_text(p) for p in points)}")
         for t in _run(s, evaluator, points, recorded):
             if t.met:
                 active.pop(next(iter(t.overrides)), None)
@@ -528,202 +359,9 @@ def _search_one(s: Search, evaluator: Evaluator, recorded: dict[str, Any], deadl
             return
         batch = [p for r, p in pairs if r == rank]
         if progress:
-            progress(f"{s.finding.id}: replaying pairs {', '.join(_text(p) for p in batch)}")
+            progress(f"{s.finding.id}: replaying pairs {', '.join(overrides_text(p) for p in batch)}")
         if any(t.met for t in _run(s, evaluator, batch, recorded)):
             return
 
 
-def _text(p: dict[str, Any]) -> str:
-    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in p.items())
-
-
-def _prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
-    """The prediction of ``t`` against the recorded and baseline figures of the stretch it
-    was replayed on (``evaluator``'s, or the wider one it spilled into)."""
-    o = objective(s.goal.figure)
-    ev = t.evaluation
-    on = t.on or evaluator
-    recorded_value, baseline_value, _ = _references(s, on)
-    from ..sim.intervals import direction
-
-    ivs, base_ivs = on.intervals(ev), on.intervals(on.baseline)
-    trade = {}
-    for name in TRADEOFFS:
-        if name == s.goal.figure and not s.goal.requests:
-            continue
-        b, p = on.baseline.figures.get(name), ev.figures.get(name)
-        iv, biv = ivs.get(name), base_ivs.get(name)
-        trade[name] = {"recorded": on.recorded_figures.get(name), "baseline": b, "predicted": p,
-                       "unit": objective(name).unit, "direction": direction(name, b, p, biv, iv),
-                       "interval": iv.to_dict() if iv is not None else None}
-    for label, ids in s.goal.watch:  # the requests the change may cost
-        name = s.goal.figure
-        base_w = on.evaluate([{}], subsets=[ids])[0] if not on.baseline.figures_by.get(tuple(sorted(ids))) \
-            else on.baseline
-        b, p = base_w.figure(name, ids), ev.figure(name, ids)
-        iv, biv = on.intervals(ev, ids).get(name), on.intervals(base_w, ids).get(name)
-        trade[f"{name} ({label})"] = {
-            "recorded": measure(on.run_dir, [name], summary=on.recorded, requests=ids)[name], "baseline": b,
-            "predicted": p, "unit": objective(name).unit, "direction": direction(name, b, p, biv, iv),
-            "interval": iv.to_dict() if iv is not None else None}
-    out = {"goal": _goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": recorded_value,
-           "baseline": baseline_value, "predicted": t.value, "tradeoffs": trade, "settings": dict(t.overrides),
-           "outside_region": ev.outside_region}
-    if t.widened:
-        out["replayed_on"] = t.widened
-    return out
-
-
-def goal_label(g: Goal) -> str:
-    """A goal's figure as reports label it: ``queue_p90 (11 requests)``, ``reread_kv_tokens (1
-    request)``, ``preemptions``."""
-    n = len(g.requests)
-    return g.figure + (f" ({n} request{'s' if n != 1 else ''})" if n else "")
-
-
-def _goal_dict(g: Goal) -> dict[str, Any]:
-    return {"figure": g.figure, "at_most": g.at_most, "reduce_by": g.reduce_by, "requests": list(g.requests)}
-
-
-def _describe_tradeoffs(pred: dict[str, Any]) -> str:
-    """The trade-offs against the replay at the recorded settings (the same model on both
-    sides), each labelled better, worse or unchanged; a figure in seconds whose intervals
-    overlap is named as unclear, without a signed change."""
-    by: dict[str, list[str]] = {}
-    for name, row in pred["tradeoffs"].items():
-        b, p, d = row["baseline"], row["predicted"], row.get("direction")
-        if b is None or p is None:
-            continue
-        if d == "unclear":
-            by.setdefault(d, []).append(name)
-            continue
-        change = "=" if b == p else f"{(p - b) / b * 100:+.0f} %" if b else f"{b:g} → {p:g}"
-        by.setdefault(d or "changed", []).append(f"{name} {change}")
-    order = ("better", "worse", "unchanged", "changed", "unclear")
-    return "against the replay at the recorded settings: " + "; ".join(
-        f"{k} " + ", ".join(by[k]) + (" (the intervals overlap)" if k == "unclear" else "")
-        for k in order if by.get(k))
-
-
-def _conclude(s: Search, evaluator: Evaluator, recorded: dict[str, Any]) -> None:
-    f = s.finding
-    began = None
-    if f.remedy is not None:
-        r = f.remedy.began_at if isinstance(f.remedy, CheckedRemedy) and f.remedy.began_at else {
-            "setting": f.remedy.setting, "value": f.remedy.value, "whatif": dict(f.remedy.whatif),
-            "arithmetic": f.remedy.arithmetic}
-        began = r
-    good = s.meeting()
-    g = s.goal
-    record = Prediction(
-        goal=GoalRecord(g.figure, g.at_most, g.reduce_by, list(g.requests),
-                        g.at_most if g.at_most is not None else "lower"),
-        recorded=s.recorded, baseline=s.baseline, baseline_error=_baseline_error(evaluator),
-        tried=[t.record() for t in s.tried], complete=s.complete, skipped=s.skipped, resolved=bool(good),
-        baseline_outside_region=evaluator.baseline.outside_region, outside_region=None)
-    if evaluator.stretch is not None:
-        record.stretch = evaluator.stretch.to_dict()
-    sign = 1.0 if objective(s.goal.figure).better == "lower" else -1.0
-    shown = good[0] if good else min(
-        (t for t in s.tried if t.evaluation.ok and t.value is not None),
-        key=lambda t: sign * float(t.value or 0.0), default=None)
-    if shown is not None:
-        pred = _prediction(s, shown, evaluator)
-        record.settings = dict(shown.overrides)
-        record.outside_region = shown.evaluation.outside_region
-        record.run_dir = shown.evaluation.run_dir if evaluator.keep else None  # kept with --out only
-        label = goal_label(s.goal)
-        record.figures = {label: FigureChange(s.recorded, shown.value, pred["unit"], pred["baseline"]),
-                          **{k: FigureChange(v["recorded"], v["predicted"], v["unit"], v["baseline"])
-                             for k, v in pred["tradeoffs"].items()}}
-    if not good:
-        record.closest = shown.record() if shown else None
-        far = [t.record() for t in s.tried if t.extrapolated]
-        if far:  # the replay says they would reach it, priced outside what the model was fitted on
-            record.extrapolated = far
-        untried = f.remedy is not None and all(t.overrides != f.remedy.whatif for t in s.tried)
-        # a search the budget stopped keeps the arithmetic (unchecked) unless the replay tried it and it failed
-        f.remedy = _unchecked_remedy(f.remedy) if not s.complete and untried else None
-        f.predicted = record
-        return
-    top, rest = good[0], good[1:]
-    pred = _prediction(s, top, evaluator)
-    setting, value = next(iter(top.overrides.items()))
-    alternatives = []
-    for t in rest:
-        k, v = next(iter(t.overrides.items()))
-        alternatives.append({"setting": k, "value": v, "whatif": dict(t.overrides), "checked": True,
-                             "predicted": _prediction(s, t, evaluator),
-                             "arithmetic": f"replayed: {s.goal.figure} {_fmt(s.baseline)} → {_fmt(t.value)}"})
-    source = f.remedy.source if f.remedy is not None else "the replay of this run (vllm-probe whatif)"
-    f.remedy = CheckedRemedy(
-        setting, value,
-        f"replayed {len(s.tried)} change(s) of {', '.join(s.candidates) or 'no knob'}{_stretch_text(evaluator)}: "
-        f"the smallest that reaches the goal ({_goal_text(s.goal)}) is {_text(top.overrides)}: "
-        f"{s.goal.figure} {_fmt(pred['baseline'])} (replay at the recorded settings; "
-        f"recorded {_fmt(pred['recorded'])}) → {_fmt(top.value)}",
-        _describe_tradeoffs(pred), source, whatif=dict(top.overrides), alternatives=alternatives,
-        checked=True, predicted=pred, began_at=began)
-    f.predicted = record
-
-
-def _stretch_text(evaluator: Evaluator) -> str:
-    st = evaluator.stretch
-    if st is None:
-        return ""
-    return (f" (on steps {st.first_step:,}-{st.last_step:,} of {st.total_steps:,}, the stretch between idle moments "
-            "that holds what the goal counts)")
-
-
-def _goal_text(g: Goal) -> str:
-    parts = []
-    if g.at_most is not None:
-        parts.append(f"{g.figure} ≤ {g.at_most:g}")
-    if g.reduce_by is not None:
-        parts.append(f"{g.figure} {g.reduce_by * 100:.0f} % lower")
-    if g.requests:
-        parts.append(f"over {len(g.requests)} request(s)")
-    return ", ".join(parts) or g.figure
-
-
-def _fmt(v: float | None) -> str:
-    """A figure in a remedy's arithmetic: counts with thousands separators (20,403, not
-    2.04e+04), other values to 4 significant digits."""
-    if v is None:
-        return "?"
-    if float(v).is_integer() or abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.4g}"
-
-
-def _baseline_error(evaluator: Evaluator) -> BaselineError:
-    e = evaluator.error
-    rows = e.get("figures", {})
-    return BaselineError(bool(e.get("within")), {k: r.get("error") for k, r in rows.items()},
-                         [k for k, r in rows.items() if not r.get("within")])
-
-
-def _unchecked_remedy(r: Remedy | None) -> CheckedRemedy | None:
-    """``r`` marked unchecked (None stays None; an unchecked one is kept as it is)."""
-    if r is None:
-        return None
-    if isinstance(r, CheckedRemedy) and not r.checked:
-        return r
-    return _unchecked(r)
-
-
-def _unchecked(r: Remedy) -> CheckedRemedy:
-    return CheckedRemedy(r.setting, r.value, r.arithmetic + " (arithmetic, not checked by the replay)", r.tradeoff,
-                         r.source, dict(r.whatif), list(r.alternatives), checked=False)
-
-
-def unchecked(findings: list[Finding]) -> None:
-    """Mark every finding's arithmetic remedy ``"checked": false`` (no replay)."""
-    for f in findings:
-        if f.remedy is not None and not isinstance(f.remedy, CheckedRemedy):
-            f.remedy = _unchecked(f.remedy)
-
-
-__all__ = ["TRADEOFFS", "CheckedRemedy", "DEFAULT_BUDGET_S", "EXTRAPOLATION_COST", "MAX_BUDGET_FACTOR", "Search",
-           "Tried", "allowed", "change_size", "cut_or_whole", "goal_label", "goal_steps", "judged", "reference",
-           "rule_for", "search", "unchecked"]
+__all__ = ["DEFAULT_BUDGET_S", "Search", "Tried", "cut_or_whole", "rule_for", "search"]

@@ -95,10 +95,11 @@ def main(args: argparse.Namespace) -> int:
         replay = False
     report = examine(run_dir, expected)
     from ..advice import plan, remedies
+    from ..advice.verdict import unchecked
 
     if replay and any(f.remedy is not None or remedies.rule_for(f.id) is not None for f in report.findings):
         _prescribe(report, args)
-    remedies.unchecked(report.findings)
+    unchecked(report.findings)
     if report.plan is None:
         report.plan = plan.unchecked_plan(report.findings, "--no-replay" if args.no_replay else "vLLM is not installed")
     if args.json:

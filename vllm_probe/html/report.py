@@ -411,7 +411,8 @@ def _plan(plan: Any) -> str:
     clears = plan.get("clears")
     if isinstance(clears, list) and clears:
         parts.append(f"<div>clears: <span class='mono'>{_e(', '.join(map(str, clears)))}</span></div>")
-    why = plan.get("left_because") if isinstance(plan.get("left_because"), dict) else {}
+    left = plan.get("left_because")
+    why: dict[str, Any] = left if isinstance(left, dict) else {}
     for fid in plan.get("leaves") or []:
         parts.append(f"<div>leaves <span class='mono'>{_e(fid)}</span>: {_e(why.get(fid, ''))}</div>")
     predicted = plan.get("predicted")
