@@ -408,7 +408,7 @@ def test_a_run_with_step_events_off_says_what_it_could_not_check():
 
 
 def test_messages_read_numbers_as_the_views_do():
-    from vllm_probe.analysis.doctor.context import fmt_count, fmt_pct
+    from vllm_probe.analysis.text import fmt_count, fmt_pct
     from vllm_probe.tui.format import count, pct
 
     for v in (0.0, 0.004, 0.05, 0.0999, 0.1, 0.5, 0.999, 1.0):

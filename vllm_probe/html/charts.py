@@ -24,7 +24,7 @@ from bokeh.models.annotations import BoxAnnotation, Label, Legend, Span, Whisker
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 
-from ..analysis.doctor.context import fmt_duration
+from ..analysis.text import fmt_duration
 from ..analysis.objectives import OBJECTIVES
 from ..analysis.report import LATENCY_FIGURES, RunPage, Sweep
 from ..analysis.series import EngineSeries, PreemptionMark, PromptTrack

@@ -36,7 +36,7 @@ from bokeh.resources import INLINE
 from jinja2 import Template
 
 from .. import __version__
-from ..analysis.doctor.context import fmt_duration, fmt_figure
+from ..analysis.text import fmt_duration, fmt_figure
 from ..analysis.objectives import OBJECTIVES
 from ..analysis.report import RunPage, Sweep
 from ..analysis.summary import CONFIG_KEYS

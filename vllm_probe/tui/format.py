@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from .. import envvars
-from ..analysis.doctor.context import fmt_duration, fmt_figure
+from ..analysis.text import fmt_duration, fmt_figure
 
 #: What an unknown figure reads as.
 UNKNOWN = "-"
@@ -43,7 +43,7 @@ def signed_pct(v: float | None) -> str:
 def duration(s: float | None) -> str:
     """Seconds as ``0.4 ms``, ``5.5 ms``, ``850 ms``, ``2.31 s``, ``1m 05s``, ``2h 03m``: the
     doctor's messages (part of ``--json``) write them the same way, so the analysis's
-    :func:`~vllm_probe.analysis.doctor.context.fmt_duration` is the one definition."""
+    :func:`~vllm_probe.analysis.text.fmt_duration` is the one definition."""
     return fmt_duration(s)
 
 
@@ -57,7 +57,7 @@ def micros(v: float | None) -> str:
 def figure(value: Any, unit: str = "") -> str:
     """A figure by its unit: ``%`` (share 0..1), ``s``, ``µs``, else a count or number;
     booleans read ``on``/``off`` and strings as they are. All but ``µs`` are the doctor's
-    :func:`~vllm_probe.analysis.doctor.context.fmt_figure` (its messages are part of
+    :func:`~vllm_probe.analysis.text.fmt_figure` (its messages are part of
     ``--json``, so the analysis holds the one definition)."""
     if unit == "µs" and value is not None and not isinstance(value, (bool, str)):
         return micros(value)

@@ -23,7 +23,8 @@ from ..expected import check_expected
 from ..state import RunState
 from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
-from .context import Context, fmt_count
+from .context import Context
+from ..text import fmt_count
 from .plan import Plan
 from .rules import CATALOGUE, EXPLAINS_WAITS, FINDING_IDS, HELD_BACK, RULES
 from .rules.unexplained_wait import ADMIT_WITHIN_STEPS, longest_wait_steps

@@ -1,6 +1,6 @@
-"""What the doctor's rules read (:class:`Context`), the sources they cite, and the
-small helpers they share (numbers in messages read as :mod:`vllm_probe.tui.format`
-writes them; a test keeps them equal)."""
+"""What the doctor's rules read (:class:`Context`), the sources they cite, and the small
+helpers they share (numbers in messages are written by :mod:`vllm_probe.analysis.text`, as
+every view writes them)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..engine_state import EngineState
 from ..episodes import EngineEpisodes, Episodes
 from ..expected import SettingCheck
 from ..state import RunState
+from ..text import fmt_pct
 
 # -- sources the rules cite -------------------------------------------------------------------
 
@@ -51,58 +52,6 @@ class Context:
     #: the engine cores (None: the whole run) whose waits a finding already explains: filled
     #: as the catalogue runs, from the rules whose ``wait`` is ``explains``
     explained: set[int | None] = field(default_factory=set)
-
-
-# A finding's message is part of ``--json``, so it is written here, not in a view; its
-# numbers read as tui.format.pct and tui.format.count have them (a test keeps them equal).
-def fmt_pct(v: float) -> str:
-    return f"{100 * v:.1f}%" if 0 < v < 0.1 else f"{100 * v:.0f}%"
-
-
-def fmt_count(v: int | float) -> str:
-    return f"{int(v):,}"
-
-
-#: What an unknown figure reads as (tui.format.UNKNOWN).
-UNKNOWN = "-"
-
-
-def fmt_count_or(v: int | float | None) -> str:
-    """A count as tui.format.count reads it, None as :data:`UNKNOWN` (the views' lines)."""
-    return UNKNOWN if v is None else fmt_count(v)
-
-
-def fmt_duration(s: float | None) -> str:
-    """Seconds as tui.format.duration writes them (``850 ms``, ``2.31 s``, ``1m 05s``)."""
-    if s is None:
-        return UNKNOWN
-    if s < 0.01:
-        return f"{s * 1000:.1f} ms"
-    if s < 1.0:
-        return f"{s * 1000:.0f} ms"
-    if s < 60:
-        return f"{s:.2f} s"
-    if s < 3600:
-        return f"{int(s // 60)}m {int(s % 60):02d}s"
-    return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
-
-
-def fmt_figure(value: Any, unit: str = "") -> str:
-    """A figure as tui.format.figure reads it, for the units the doctor's lines use
-    (``%``: a share 0..1; ``s``; else a count or number; booleans ``on``/``off``)."""
-    if value is None:
-        return UNKNOWN
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, str):
-        return value
-    if unit == "%":
-        return fmt_pct(value)
-    if unit == "s":
-        return fmt_duration(value)
-    if isinstance(value, int) or float(value).is_integer():
-        return fmt_count(value)
-    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
 def cdiv(a: int, b: int) -> int:

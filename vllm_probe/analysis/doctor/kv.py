@@ -14,7 +14,8 @@ from typing import Any
 
 from ..engine_state import EngineState
 from ..episodes import EngineEpisodes
-from .context import SRC_VLLM_PREEMPTION, fmt_count
+from .context import SRC_VLLM_PREEMPTION
+from ..text import fmt_count
 from .findings import Remedy
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 
 from ..engine_state import EngineState
-from .context import SRC_SGLANG, Context, engine_of, engines_of, first_of, fmt_count, fmt_figure, fmt_pct, steps_text
+from .context import SRC_SGLANG, Context, engine_of, engines_of, first_of, steps_text
+from ..text import fmt_count, fmt_figure, fmt_pct
 from .evidence import Evidence
 from .findings import EngineBasis, Finding, evidence_of
 from .rule import Goal, Threshold

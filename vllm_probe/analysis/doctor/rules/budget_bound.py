@@ -8,7 +8,8 @@ reached. Which limit held an engine core back is chosen once for the three limit
 from __future__ import annotations
 
 from ...figures import Distribution, budget_use_counts
-from ..context import SRC_VLLM_CHUNKED, Context, fmt_count, fmt_pct, rounded
+from ..context import SRC_VLLM_CHUNKED, Context, rounded
+from ...text import fmt_count, fmt_pct
 from ..findings import INFO, Finding, Remedy, basis_of
 from ..knobs import KNOB_BUDGET_UP
 from ..limits import BOUND_THRESHOLDS, BoundBasis, BoundEvidence, binding, bound_goal, bound_step, view_bound

@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 
 from ..context import (
-    MEASURED, SRC_SEED_34, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, first_of, fmt_count, fmt_count_or,
-    fmt_pct, round_up, steps_text, wrote,
+    MEASURED, SRC_SEED_34, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, first_of, round_up, steps_text, wrote,
 )
+from ...text import fmt_count, fmt_count_or, fmt_pct
 from ..evidence import Evidence
 from ..findings import INFO, WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import BUDGET_MAX_FACTOR, recorded_int, scaled

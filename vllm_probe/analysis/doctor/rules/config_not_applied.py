@@ -14,7 +14,8 @@ import msgspec
 
 from ....schema.engine_settings import ENGINE_SETTINGS
 from ...expected import DIFFERS, NOT_RECORDED, NOT_V1, UNKNOWN
-from ..context import SRC_SEED_5, Context, fmt_count, fmt_figure
+from ..context import SRC_SEED_5, Context
+from ...text import fmt_count, fmt_figure
 from ..evidence import Evidence
 from ..findings import WARNING, Basis, Finding, Remedy, basis_of, evidence_of
 from ..rule import Rule

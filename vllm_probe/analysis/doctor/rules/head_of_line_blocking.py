@@ -15,9 +15,9 @@ import msgspec
 
 from ...episodes import QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
 from ..context import (
-    MEASURED, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, fmt_count, fmt_count_or, fmt_duration, fmt_pct,
-    pct_range, round_up, rounded, steps_text, wrote,
+    MEASURED, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, pct_range, round_up, rounded, steps_text, wrote,
 )
+from ...text import fmt_count, fmt_count_or, fmt_duration, fmt_pct
 from ..evidence import Evidence
 from ..findings import WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import BUDGET_MAX_FACTOR, KNOB_BUDGET_UP, recorded_int

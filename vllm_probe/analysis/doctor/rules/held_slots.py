@@ -9,10 +9,8 @@ queue is admitted every other step (vLLM #45257).
 
 from __future__ import annotations
 
-from ..context import (
-    SRC_ASYNC, Context, engine_of, engines_of, first_of, fmt_count, fmt_count_or, fmt_pct, reasons_text, steps_text,
-    wrote,
-)
+from ..context import SRC_ASYNC, Context, engine_of, engines_of, first_of, reasons_text, steps_text, wrote
+from ...text import fmt_count, fmt_count_or, fmt_pct
 from ...episodes import EngineEpisodes
 from ..evidence import Evidence
 from ..findings import WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ...engine_state import EngineState
 from ...episodes import EngineEpisodes
-from ..context import SRC_FULL_ISL, SRC_SGLANG, Context, cdiv, fmt_count, fmt_pct
+from ..context import SRC_FULL_ISL, SRC_SGLANG, Context, cdiv
+from ...text import fmt_count, fmt_pct
 from ..findings import WARNING, Finding, Remedy, basis_of
 from ..knobs import KNOB_BLOCKS_UP, KNOB_SEQS_DOWN
 from ..kv import kv_remedy, mean_full_blocks, memory_advice, memory_cost, vllm_concurrency

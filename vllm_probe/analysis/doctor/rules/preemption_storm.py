@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ..context import (
-    MEASURED, SRC_VLLM_PREEMPTION, Context, engine_of, engines_of, fmt_count, fmt_count_or, fmt_pct, wrote,
-)
+from ..context import MEASURED, SRC_VLLM_PREEMPTION, Context, engine_of, engines_of, wrote
+from ...text import fmt_count, fmt_count_or, fmt_pct
 from ..evidence import Evidence
 from ..findings import CRITICAL, WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import KNOB_BLOCKS_UP, KNOB_SEQS_DOWN

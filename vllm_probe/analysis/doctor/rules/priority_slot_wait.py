@@ -11,7 +11,8 @@ from __future__ import annotations
 import msgspec
 
 from ...episodes import PRIORITY_WAIT_MIN_STEPS
-from ..context import Context, engine_of, engines_of, fmt_count, fmt_count_or, steps_text
+from ..context import Context, engine_of, engines_of, steps_text
+from ...text import fmt_count, fmt_count_or
 from ..evidence import Evidence
 from ..findings import WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import KNOB_SEQS_UP

@@ -7,7 +7,8 @@ rules (:mod:`..limits`).
 
 from __future__ import annotations
 
-from ..context import SRC_SGLANG, Context, fmt_count, fmt_pct
+from ..context import SRC_SGLANG, Context
+from ...text import fmt_count, fmt_pct
 from ..findings import WARNING, Finding, Remedy, basis_of
 from ..knobs import KNOB_SEQS_UP
 from ..kv import mean_full_blocks, seqs_cap

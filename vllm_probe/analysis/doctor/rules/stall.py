@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..context import (
-    MEASURED, SRC_ASYNC, Context, cdiv, engine_of, engines_of, fmt_count, fmt_count_or, reasons_text, steps_text,
-)
+from ..context import MEASURED, SRC_ASYNC, Context, cdiv, engine_of, engines_of, reasons_text, steps_text
+from ...text import fmt_count, fmt_count_or
 from ..evidence import Evidence
 from ..findings import CRITICAL, WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import KNOB_ASYNC_OFF, KNOB_BLOCKS_UP

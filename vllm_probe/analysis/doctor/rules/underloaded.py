@@ -7,7 +7,8 @@ from __future__ import annotations
 
 
 from ...figures import Distribution, budget_use_counts
-from ..context import SRC_SGLANG, Context, engine_of, engines_of, fmt_count, fmt_count_or, fmt_figure, fmt_pct, rounded
+from ..context import SRC_SGLANG, Context, engine_of, engines_of, rounded
+from ...text import fmt_count, fmt_count_or, fmt_figure, fmt_pct
 from ..evidence import Evidence
 from ..findings import INFO, Finding, evidence_of
 from ..limits import waiting_steps

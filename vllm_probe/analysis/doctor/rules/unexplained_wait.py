@@ -14,7 +14,8 @@ from typing import Any
 import msgspec
 
 from ...episodes import EngineEpisodes, Wait
-from ..context import MEASURED, Context, engine_of, engines_of, fmt_count, fmt_pct, reasons_text, steps_text, wrote
+from ..context import MEASURED, Context, engine_of, engines_of, reasons_text, steps_text, wrote
+from ...text import fmt_count, fmt_pct
 from ..evidence import Evidence
 from ..findings import WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import KNOB_ASYNC_OFF, KNOB_BLOCKS_UP, KNOB_BUDGET_UP, KNOB_SEQS_DOWN, KNOB_SEQS_UP
