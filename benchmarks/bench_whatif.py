@@ -7,6 +7,9 @@
     python -m benchmarks.bench_whatif --workloads server-closed --requests 24 --settings 5 --no-speed
                                                         # a smaller check: 24 requests, max_num_seqs ÷ 4 only
     python -m benchmarks.bench_whatif --quick           # checks that it runs (speed at 8, tiny)
+    python -m benchmarks.bench_whatif --repeats 3 --workloads light,saturated --write-doc
+                                                        # each setting run for real 3 times, A B A B ...
+    python -m benchmarks.bench_whatif --repeats 2 --stand-in   # the same on a virtual-clock stand-in (seconds)
 
 **Accuracy.** Per workload: record it on the real CPU engine (tiny model, ``vllm-probe
 run``) at one setting; predict five others with :func:`vllm_probe.sim.whatif.predict`
@@ -45,16 +48,36 @@ and a real server):
 
 Each real run also reports how fast the machine ran during it: the median period of
 its decode-only steps against the recording's (``speed``; 1.00: as fast, 0.65: its steps
-took 1 / 0.65 as long). On this shared 2-core machine that ratio moves 0.6–1.6x between
-runs, and every figure in seconds moves with it (with timed arrivals the scheduling
-figures too: a slower engine batches more requests per step); the row "adjusted for
-speed" is the same prediction with every step time scaled by 1 / speed
+took 1 / 0.65 as long), and its machine-speed mark against the recording's (``mark``:
+:func:`vllm_probe.analysis.compare.machine_ratio`; 1.20: its host ran the probe's fixed
+computation 20 % slower; ``-`` for a run recorded by a probe without the mark). On this
+shared 2-core machine the speed moves 0.6–1.6x between runs, and every figure in
+seconds moves with it (with timed arrivals the scheduling figures too: a slower engine
+batches more requests per step); the row "adjusted for speed" is the same prediction
+with every step time scaled by 1 / speed
 (``predict(step_time_scale=...)``), which separates the model's error from the
 machine's drift as far as one median can measure it. ``burst``: whether the
 measured run's requests reached the engine before the same steps as the recording's
 (``same``) or not (``other``: an offline burst's arrival race; blank for timed arrivals).
 docs/whatif.md discusses
 what the errors mean.
+
+**Repeats** (``--repeats K``): one real run cannot confirm a prediction in seconds on a
+machine whose speed moves between runs (design.md §8: the same setting's TTFT p90 was
+5.93 s and 3.18 s twenty minutes apart). Per workload: record it once, predict the grid
+(:func:`~vllm_probe.sim.whatif.predict`, with each figure's interval, as ``whatif --json``'s
+``intervals`` gives it), then run the recorded setting and each changed setting for real,
+alternating ``A B C … A B C …``, K rounds, so a drift of the machine falls on every setting
+alike. Beside every run: the load average before and after it (``os.getloadavg``, 1 min)
+and its machine-speed mark (``summary``'s ``speed_mark``, with its ratio to the
+recording's). Per setting and figure (:data:`REPEAT_FIGURES`): the real runs' spread
+(min–max, coefficient of variation), the prediction's error against their median, how
+many real runs its interval covers, and whether it meets the target (:func:`judge`).
+``--write-doc`` writes the tables into docs/whatif.md's accuracy section (between its
+``repeats`` markers). ``--stand-in``: the same on a scheduler-level stand-in
+(:class:`StandInEngine`: vLLM's real Scheduler on a virtual clock of a known step cost),
+whose repeats are identical — zero spread — a check of the procedure in seconds.
+Run the real measurement with nothing else on the machine.
 
 **Speed.** vLLM's real scheduler with the probe writing a file, replaying N requests
 (256-token prompts, long outputs, all running) in one process per N: replayed steps per
@@ -69,8 +92,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,8 +197,8 @@ def _rel(pred, real) -> str:
 def calibrated(like: Path, out: Path, max_seconds: float) -> Path:
     """A profile of ``like``'s engine (``vllm-probe calibrate``), timed."""
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "vllm_probe", "calibrate", "--like", str(like), "--out", str(out),
-           "--max-seconds", str(max_seconds)]
+    cmd = [sys.executable, "-m", "vllm_probe", "calibrate", "--like", str(like), "--out", str(out), "--force",
+           "--max-seconds", str(max_seconds)]  # --force: a rerun into the same --out folder replaces its own
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         sys.exit(f"bench_whatif: {' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -190,7 +215,7 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
     ``requests``, ``think_ms``: the closed-loop client's request count and think time in
     milliseconds (``server-closed`` only; None: 96 and 50);
     ``settings``: 1-based indexes of the grid's predictions to keep (None: all five)."""
-    from vllm_probe.analysis.compare import FIGURE
+    from vllm_probe.analysis.compare import FIGURE, machine_ratio
     from vllm_probe.analysis.summary import summarize
     from vllm_probe.analysis.workload import load_workload
     from vllm_probe.sim.stepmodel import decode_period_s
@@ -232,7 +257,8 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
         print("  warning: the closed loop was not detected; the replays used the model above", flush=True)
     figures = SCHEDULING + (("prefix-hit tokens", "hits"),) + TIMING if name.startswith("prefix") else (
         SCHEDULING + TIMING)
-    head = f"  {'setting':34s}" + "".join(f"{short:>10s}" for _, short in figures) + f"{'speed':>8s}{'outside':>9s}"
+    head = (f"  {'setting':34s}" + "".join(f"{short:>10s}" for _, short in figures) + f"{'speed':>8s}{'mark':>7s}"
+            f"{'outside':>9s}")
     print(head)
     rec_speed = decode_period_s(load_workload(base_dir))
 
@@ -251,21 +277,363 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
         real = summarize(run)
         speed = decode_period_s(load_workload(run))
         ratio = rec_speed / speed if rec_speed and speed else None
+        machine = machine_ratio(recorded, real)  # the run's host against the recording's: 1.2 = 20 % slower
         for tag, result in (("profile", with_profile), ("rec-only", recording_only)):
             config = result.configs[k]
             cells = [_rel(value(config.summary, label), value(real, label)) for label, _ in figures]
             label = ",".join(f"{k2}={v}" for k2, v in config.overrides.items()) + " " + tag
             out_share = config.replay.get("outside_region")
             print(f"  {label:34s}" + "".join(f"{c:>10s}" for c in cells)
-                  + f"{(f'{ratio:.2f}' if ratio else '-'):>8s}"
+                  + f"{(f'{ratio:.2f}' if ratio else '-'):>8s}" + f"{(f'{machine:.2f}' if machine else '-'):>7s}"
                   + f"{(f'{out_share * 100:.0f}%' if out_share is not None else '-'):>9s}", flush=True)
             rows.append({"setting": label, "model": tag, "errors": dict(zip([f for f, _ in figures], cells)),
-                         "speed": ratio, "outside_region": out_share,
+                         "speed": ratio, "machine_ratio": machine, "outside_region": out_share,
                          "predicted": {f: value(config.summary, f) for f, _ in figures},
                          "measured": {f: value(real, f) for f, _ in figures}})
     arrivals = with_profile.arrivals.to_dict() if with_profile.arrivals else None
     return {"workload": name, "description": text, "rows": rows, "load_avg": os.getloadavg()[0], "arrivals": arrivals,
             "model": with_profile.model.to_dict(), "baseline_within": with_profile.error["within"]}, profile
+
+
+# -- repeats: every setting run for real K times, alternated ---------------------------------
+
+#: The figures ``--repeats`` reports: (objective name of vllm_probe.analysis.objectives, short
+#: column name, unit, largest relative error of the target, absolute error always accepted).
+#: Targets (the issue's): TTFT p50/p90 and ITL p90 within 10 % (or 3 ms where they are a few
+#: ms), throughput and duration within 5 %, steps within 2 %; preemptions are reported, with
+#: no target of their own.
+REPEAT_FIGURES = (
+    ("steps", "steps", "", 0.02, 0.0),
+    ("preemptions", "preempt", "", None, 0.0),
+    ("ttft_p50", "TTFT p50", "s", 0.10, 0.003),
+    ("ttft_p90", "TTFT p90", "s", 0.10, 0.003),
+    ("itl_p90", "ITL p90", "s", 0.10, 0.003),
+    ("output_tokens_per_s", "tok/s", "", 0.05, 0.0),
+    ("duration_s", "duration", "s", 0.05, 0.0),
+)
+#: An interval should cover at least this share of the real runs (80 %) ...
+COVERAGE_TARGET = 0.8
+#: ... and be no wider than this many times the real runs' own spread (max − min).
+WIDTH_TARGET = 2.0
+#: Relative differences below this are float noise (a replay's seconds summed in another
+#: order), not errors: equal for the table, covered by a zero-width interval.
+FLOAT_SLACK = 1e-9
+#: The markers of docs/whatif.md's section that ``--write-doc`` fills.
+DOC = ROOT / "docs" / "whatif.md"
+DOC_BEGIN = ("<!-- repeats: generated by `python -m benchmarks.bench_whatif --repeats K --write-doc`; "
+             "do not edit by hand -->")
+DOC_END = "<!-- end of the repeats tables -->"
+
+
+def spread(values: list[float]) -> dict:
+    """The real runs' spread of one figure: ``min``, ``max``, ``median``, ``range`` (max − min,
+    the figure's unit), ``rel_range`` (range / median) and ``cv`` (population standard
+    deviation / mean); None where there are no values (or a zero median / mean)."""
+    if not values:
+        return {"min": None, "max": None, "median": None, "range": None, "rel_range": None, "cv": None}
+    lo, hi, med = min(values), max(values), statistics.median(values)
+    mean = statistics.fmean(values)
+    return {"min": lo, "max": hi, "median": med, "range": hi - lo, "rel_range": (hi - lo) / med if med else None,
+            "cv": statistics.pstdev(values) / mean if mean else None}
+
+
+def judge(name: str, predicted: float | None, interval: dict | None, reals: list[float]) -> dict:
+    """One figure of one setting: the real runs' :func:`spread`, the prediction's error
+    against their median (``error``: relative; ``error_abs``: in the figure's unit), how many
+    real runs the interval ``{lo, hi}`` covers, its width against the real spread, and
+    whether each target of :data:`REPEAT_FIGURES` is met (None: not judged)."""
+    _, _, _, rel_target, abs_target = next(f for f in REPEAT_FIGURES if f[0] == name)
+    out = {"figure": name, "predicted": predicted, "reals": list(reals), **spread(reals)}
+    med = out["median"]
+    out["error_abs"] = predicted - med if predicted is not None and med is not None else None
+    out["error"] = out["error_abs"] / med if out["error_abs"] is not None and med else (
+        0.0 if out["error_abs"] == 0 else None)
+    out["meets"] = None
+    if rel_target is not None and out["error_abs"] is not None:
+        allowed = max(rel_target * abs(med), abs_target, out["range"] or 0.0)  # or the runs' own spread
+        out["meets"] = abs(out["error_abs"]) <= allowed
+    out["interval"] = interval
+    out["covered"] = out["interval_width_ratio"] = out["interval_ok"] = None
+    if interval is not None and reals:
+        lo, hi = interval["lo"], interval["hi"]
+        slack = FLOAT_SLACK * max(abs(lo), abs(hi))  # a zero-width interval still covers its own value
+        out["covered"] = sum(1 for v in reals if lo - slack <= v <= hi + slack)
+        width = hi - lo
+        rng = out["range"] or 0.0
+        out["interval_width_ratio"] = width / rng if rng else (0.0 if width <= slack else math.inf)
+        out["interval_ok"] = (out["covered"] >= COVERAGE_TARGET * len(reals)
+                              and width <= WIDTH_TARGET * rng + 2 * slack)
+    return out
+
+
+class RealEngine:
+    """A workload of :data:`WORKLOADS` recorded for real (``vllm-probe run`` on the CPU
+    engine; ``server-closed``: the server under its closed-loop client) at a setting."""
+
+    def __init__(self, name: str, requests: int | None = None, think_ms: float | None = None) -> None:
+        example, args, text, grid = WORKLOADS[name]
+        self.example, self.args, self.flags = example, list(args), FLAGS
+        if example is SERVER:
+            from benchmarks import closed_loop
+
+            self.args, self.flags = list(closed_loop.ENGINE_ARGS), closed_loop.FLAGS
+        self.name, self.text, self.grid = name, text, grid
+        self.requests, self.think_ms = requests, think_ms
+        self.profile: Path | bool | None = None  # set by repeats(): a profile, or False (recording only)
+
+    def record(self, run_dir: Path, overrides: dict) -> None:
+        """Record the workload into ``run_dir`` with ``overrides`` (whatif names) set."""
+        _record(run_dir, self.example, _with(self.args, overrides, self.flags), self.requests, self.think_ms)
+
+
+#: The stand-in's engine: budget 256, 16 sequences, 64 KV blocks of 16 tokens (tight:
+#: it preempts), max_model_len 480 (a request of it fits the grid's 32 blocks too).
+STAND_IN_SPEC = dict(max_num_batched_tokens=256, max_num_seqs=16, num_blocks=64, block_size=16, max_model_len=480)
+#: Whatif names of the grid's settings → SchedulerSpec fields.
+_SPEC_FIELDS = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
+                "num_kv_blocks": "num_blocks"}
+
+
+def stand_in_cost(features) -> float:
+    """The stand-in's step (s): 2 ms + 4 µs per prefill token + 0.3 ms per decoding request +
+    50 ns per decode context token + 20 ms on the first step."""
+    from vllm_probe.sim.stepmodel import FEATURES
+
+    def f(name: str) -> float:
+        return features[FEATURES.index(name)]
+
+    return (0.002 + 4e-6 * f("prefill_tokens") + 3e-4 * f("decode_reqs") + 5e-8 * f("attn_decode")
+            + 0.02 * f("first_step"))
+
+
+class StandInEngine:
+    """A scheduler-level stand-in for a real engine: 40 seeded requests (Poisson 40/s, prompts
+    50–400 tokens, outputs 5–40) through vLLM's real Scheduler with the probe writing a run
+    directory (:func:`vllm_probe.sim.replay.replay`), on a virtual clock whose steps cost
+    :func:`stand_in_cost`. Deterministic: every repeat of a setting is the same run, so
+    ``--repeats`` on it must report zero spread."""
+
+    name = "stand-in"
+    text = ("40 requests, Poisson 40/s, prompts 50-400, out 5-40; vLLM's Scheduler on a virtual clock of a known "
+            "step cost; budget 256, KV 64 blocks of 16, seqs 16")
+    grid = _grid(256, 64, 16)
+    profile: Path | bool | None = False
+
+    def workload(self):
+        import random
+
+        from vllm_probe.analysis.workload import Workload, WorkloadRequest
+
+        rng = random.Random(7)
+        t, reqs = 1000.0, []
+        for i in range(40):
+            t += rng.expovariate(40.0)
+            out = rng.randint(5, 40)
+            reqs.append(WorkloadRequest(order=i, req_id=f"s{i}", prompt_len=rng.randint(50, 400), max_tokens=out,
+                                        output_tokens=out, arrival_ts=t, added_ts=t, finish_reason="length"))
+        return Workload("stand-in", {"scheduler_class": "Scheduler", "hash_block_size": 16}, reqs)
+
+    def record(self, run_dir: Path, overrides: dict) -> None:
+        from vllm_probe.engine.sink import EventSink
+        from vllm_probe.runs.rundir import write_meta
+        from vllm_probe.sim.harness import SchedulerSpec
+        from vllm_probe.sim.replay import replay
+
+        spec = dict(STAND_IN_SPEC)
+        spec.update({_SPEC_FIELDS[k]: v for k, v in overrides.items()})
+        run_dir.mkdir(parents=True, exist_ok=False)
+        sink = EventSink(run_dir / "events-1.jsonl")
+        try:
+            replay(self.workload(), SchedulerSpec(**spec), stand_in_cost, sink, lag_s=0.0)
+        finally:
+            sink.close()
+        write_meta(run_dir, {"command": ["bench_whatif", "stand-in"], "start_time": 1.0})
+
+
+def _label(overrides: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in overrides.items()) or "recorded setting"
+
+
+def _fmt(name: str, v: float | None, like: float | None = None) -> str:
+    """A figure for the table: seconds as ms below 1 s, counts with separators; ``like``:
+    the number alone, in the scale ``like`` would be written in (an interval's ends)."""
+    if v is None:
+        return "-"
+    unit = next(f[2] for f in REPEAT_FIGURES if f[0] == name)
+    if unit == "s":
+        ms = abs(like if like is not None else v) < 1
+        text = f"{v * 1e3:,.1f}" if ms else f"{v:,.2f}"
+        return text if like is not None else text + (" ms" if ms else " s")
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+
+
+def repeats(engine, parent: Path, k: int, jobs: int, settings: list[int] | None = None,
+            calibrate_seconds: float = 120) -> dict:
+    """Record ``engine``'s workload once, predict its grid, then run the recorded setting and
+    each changed setting for real, alternated, ``k`` rounds; print and return the runs and
+    each figure's :func:`judge`. ``engine.profile`` None: calibrate one on the recording
+    (``calibrate_seconds`` of sweep) and keep it there."""
+    from vllm_probe.analysis.compare import machine_ratio
+    from vllm_probe.analysis.objectives import measure
+    from vllm_probe.analysis.summary import summarize
+    from vllm_probe.sim.whatif import predict
+
+    grid = engine.grid if settings is None else [engine.grid[i - 1] for i in settings]
+    names = [f[0] for f in REPEAT_FIGURES]
+    base = parent / engine.name
+    print(f"\n[{time.strftime('%H:%M:%S')}] {engine.name}: {engine.text}; {k} rounds of "
+          f"{1 + len(grid)} runs, alternated; load avg {os.getloadavg()[0]:.2f}", flush=True)
+    engine.record(base / "recorded", {})
+    recorded = summarize(base / "recorded")
+    if engine.profile is None:
+        engine.profile = calibrated(base / "recorded", parent / "profile.json", calibrate_seconds)
+    t = time.perf_counter()
+    result = predict(base / "recorded", grid, out=base / "whatif", jobs=jobs, profile=engine.profile,
+                     force=engine.profile not in (None, False))
+    data = result.to_dict()  # intervals exactly as `whatif --json` gives them
+    print(f"  predict(): {time.perf_counter() - t:.1f} s for {len(grid) + 1} settings; step-time model "
+          f"{result.step_time_model.describe() if result.step_time_model else '-'}; recording's machine mark "
+          f"{_mark(recorded.speed_mark.mark_us)}", flush=True)
+    points = [({}, data["baseline"])] + list(zip(grid, data["configs"]))
+    runs: list[dict] = []
+    for rnd in range(1, k + 1):
+        for overrides, _ in points:
+            label = _label(overrides)
+            run_dir = base / (f"run{rnd}-" + ("recorded" if not overrides else slug_of(overrides)))
+            load_before = os.getloadavg()[0]
+            t = time.perf_counter()
+            engine.record(run_dir, overrides)
+            wall = time.perf_counter() - t
+            load_after = os.getloadavg()[0]
+            s = summarize(run_dir)
+            figs = measure(None, names, summary=s)
+            ratio = machine_ratio(recorded, s)
+            runs.append({"round": rnd, "setting": label, "run_dir": str(run_dir), "wall_s": wall,
+                         "load_before": load_before, "load_after": load_after, "speed_mark_us": s.speed_mark.mark_us,
+                         "machine_ratio": ratio, "figures": figs})
+            print(f"  [{time.strftime('%H:%M:%S')}] round {rnd} {label:32s} {wall:6.1f} s  load {load_before:5.2f} "
+                  f"→ {load_after:5.2f}  mark {_mark(s.speed_mark.mark_us)}"
+                  + (f" (×{ratio:.2f})" if ratio else "") + f"  steps {_fmt('steps', figs['steps'])}  "
+                  f"TTFT p90 {_fmt('ttft_p90', figs['ttft_p90'])}", flush=True)
+    judged = []
+    for overrides, point in points:
+        label = _label(overrides)
+        mine = [r for r in runs if r["setting"] == label]
+        predicted = measure(None, names, summary=point["summary"])
+        for name in names:
+            reals = [r["figures"][name] for r in mine if r["figures"][name] is not None]
+            judged.append({"setting": label, **judge(name, predicted[name], point["intervals"].get(name), reals)})
+    report = {"workload": engine.name, "description": engine.text, "k": k, "runs": runs, "figures": judged,
+              "recorded_speed_mark_us": recorded.speed_mark.mark_us,
+              "step_time_model": data["step_time_model"], "baseline_within": result.error["within"]}
+    print_repeats(report)
+    return report
+
+
+def slug_of(overrides: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in overrides.items())
+
+
+def _mark(us: float | None) -> str:
+    return "-" if us is None else (f"{us:.0f} µs" if us < 1000 else f"{us / 1000:.2f} ms")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else ("=" if abs(x) < FLOAT_SLACK else f"{x * 100:+.1f}%")
+
+
+def repeat_rows(report: dict) -> list[list[str]]:
+    """The table's rows, one per setting and figure: setting, figure, predicted (interval),
+    real median (min–max), CV, error, covered, width ÷ spread, target met."""
+    rows = []
+    k = report["k"]
+    for f in report["figures"]:
+        name = f["figure"]
+        iv = f["interval"]
+        p = f["predicted"]
+        pred = _fmt(name, p) + (f" ({_fmt(name, iv['lo'], p)}–{_fmt(name, iv['hi'], p)})" if iv else "")
+        m = f["median"]
+        real = f"{_fmt(name, m)} ({_fmt(name, f['min'], m)}–{_fmt(name, f['max'], m)})" if m is not None else "-"
+        cv = "-" if f["cv"] is None else f"{f['cv'] * 100:.1f}%"
+        covered = "-" if f["covered"] is None else f"{f['covered']}/{len(f['reals']) or k}"
+        ratio = f["interval_width_ratio"]
+        width = "-" if ratio is None else ("∞ (no real spread)" if ratio == math.inf else f"{ratio:.1f}×")
+        meets = {True: "yes", False: "NO", None: "-"}[f["meets"]]
+        if f["interval_ok"] is not None:
+            meets += " · interval " + ("ok" if f["interval_ok"] else "NO")
+        rows.append([f["setting"], name, pred, real, cv, _pct(f["error"]), covered, width, meets])
+    return rows
+
+
+REPEAT_COLUMNS = ["setting", "figure", "predicted (interval)", "real median (min–max)", "CV", "error",
+                  "covered", "width ÷ spread", "target"]
+
+
+def print_repeats(report: dict) -> None:
+    rows = repeat_rows(report)
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(REPEAT_COLUMNS)]
+    print(f"  {report['workload']}: {report['k']} real runs per setting; error = predicted − real median, "
+          "÷ the median; covered = real runs inside the interval")
+    print("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(REPEAT_COLUMNS, widths))))
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
+def repeats_markdown(reports: list[dict], when: str, load: tuple[float, float]) -> str:
+    """docs/whatif.md's generated section: the method line, then per workload its runs (load
+    average and machine mark beside each) and the figures' table."""
+    out = [f"Measured {when}: {os.cpu_count()} cores, load average (1 min) {load[0]:.2f} at the start and "
+           f"{load[1]:.2f} at the end; each setting run {reports[0]['k'] if reports else 0} times, alternated "
+           "(recorded setting, then each changed one, round after round).", ""]
+    for rep in reports:
+        out += [f"**{rep['workload']}** ({rep['description']}); step-time model: "
+                f"{(rep.get('step_time_model') or {}).get('source', '-')}; the recording's machine mark "
+                f"{_mark(rep['recorded_speed_mark_us'])}.", "",
+                "| round | setting | wall | load before → after | machine mark (× the recording's) |",
+                "|---|---|---|---|---|"]
+        for r in rep["runs"]:
+            ratio = f" (×{r['machine_ratio']:.2f})" if r["machine_ratio"] else ""
+            out.append(f"| {r['round']} | {r['setting']} | {r['wall_s']:.0f} s | {r['load_before']:.2f} → "
+                       f"{r['load_after']:.2f} | {_mark(r['speed_mark_us'])}{ratio} |")
+        shorts = [f[1] for f in REPEAT_FIGURES]
+        out += ["", "Per setting and figure: the prediction's error against the real runs' median, how many "
+                "real runs its interval covers, the real runs' spread ((max − min) / median); ✓ / ✗ before the "
+                "error: its target met or missed; after the count: the interval's (≥ 80 % of the runs covered, no "
+                "wider than 2× their spread).", "",
+                "| setting | " + " | ".join(shorts) + " |", "|---|" + "---|" * len(shorts)]
+        for setting in dict.fromkeys(f["setting"] for f in rep["figures"]):
+            cells = [_cell(f) for f in rep["figures"] if f["setting"] == setting]
+            out.append(f"| {setting} | " + " | ".join(cells) + " |")
+        out += ["", "<details><summary>every figure: predicted (interval), real median (min–max), coefficient of "
+                "variation</summary>", "", "| " + " | ".join(REPEAT_COLUMNS) + " |", "|" + "---|" * len(REPEAT_COLUMNS)]
+        out += ["| " + " | ".join(row) + " |" for row in repeat_rows(rep)]
+        out += ["", "</details>", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _cell(f: dict) -> str:
+    """One figure of one setting in the doc's table: ``✓ +3.1% · 3/3 ✓ · spread 12%``."""
+    mark = {True: "✓ ", False: "✗ ", None: ""}[f["meets"]]
+    text = mark + _pct(f["error"])
+    if f["covered"] is not None:
+        text += f" · {f['covered']}/{len(f['reals'])}" + {True: " ✓", False: " ✗", None: ""}[f["interval_ok"]]
+    if f["rel_range"] is not None:
+        text += f" · spread {f['rel_range'] * 100:.0f}%"
+    return text
+
+
+def write_doc(path: Path, text: str) -> None:
+    """Replace what lies between :data:`DOC_BEGIN` and :data:`DOC_END` in ``path`` with ``text``.
+
+    Raises:
+        SystemExit: the markers are missing.
+    """
+    doc = path.read_text()
+    if DOC_BEGIN not in doc or DOC_END not in doc:
+        sys.exit(f"bench_whatif: {path} has no repeats markers ({DOC_BEGIN} … {DOC_END})")
+    head, rest = doc.split(DOC_BEGIN, 1)
+    _, tail = rest.split(DOC_END, 1)
+    path.write_text(f"{head}{DOC_BEGIN}\n{text}{DOC_END}{tail}")
 
 
 def speed_one(n: int, steps: int) -> dict:
@@ -335,6 +703,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settings", help="comma list of the predictions to keep, 1-based: 1 budget ÷ 4, 2 budget × 4, "
                                       "3 KV ÷ 2, 4 KV × 2, 5 max_num_seqs ÷ 4 (default: all)")
     p.add_argument("--no-speed", action="store_true", help="leave the replay-speed part out")
+    p.add_argument("--repeats", type=int, metavar="K",
+                   help="run the recorded setting and each changed one for real K times each, alternated, and "
+                        "report the real spread beside each prediction (no replay-speed part)")
+    p.add_argument("--stand-in", action="store_true",
+                   help="with --repeats: a virtual-clock stand-in (vLLM's Scheduler, a known step cost) instead of "
+                        "real engines; deterministic, zero spread")
+    p.add_argument("--no-profile", action="store_true",
+                   help="with --repeats: predict with the recording-only model (no calibration)")
+    p.add_argument("--write-doc", nargs="?", const=DOC, type=Path, metavar="PATH",
+                   help="with --repeats: write the tables into docs/whatif.md's accuracy section (or PATH)")
     p.add_argument("--speed-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     names = [n for n in args.workloads.split(",") if n]
@@ -351,6 +729,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests: at least 1")
     if args.think_ms is not None and args.think_ms < 0:
         p.error("--think-ms: 0 or more")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats: at least 1")
+    if (args.stand_in or args.write_doc or args.no_profile) and args.repeats is None:
+        p.error("--stand-in, --no-profile and --write-doc go with --repeats K")
+    if args.repeats is not None and (args.quick or args.speed_only):
+        p.error("--repeats excludes --quick and --speed-only")
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its backend warnings, in every replay
     if args.speed_one:
         n, steps = (int(x) for x in args.speed_one.split(","))
@@ -358,7 +742,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"machine: {os.cpu_count()} cores; load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     report: dict = {}
-    if args.quick:
+    if args.repeats is not None:
+        parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-repeats-"))
+        load_start = os.getloadavg()[0]
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        engines: list = [StandInEngine()] if args.stand_in else [RealEngine(n, args.requests, args.think_ms)
+                                                                for n in names]
+        profile: Path | bool | None = False if args.no_profile else args.profile
+        report["repeats"] = []
+        for engine in engines:
+            if not args.stand_in:
+                engine.profile = profile
+            report["repeats"].append(repeats(engine, parent, args.repeats, args.jobs, settings,
+                                             args.calibrate_seconds))
+            if not args.stand_in and profile is None:
+                profile = engine.profile  # calibrated on the first workload's recording: reused
+        if args.write_doc:
+            write_doc(args.write_doc, repeats_markdown(report["repeats"], when, (load_start, os.getloadavg()[0])))
+            print(f"\nwrote the repeats tables into {args.write_doc}")
+    elif args.quick:
         report["speed"] = speed([(8, 200)])
     else:
         if not args.speed_only:

@@ -144,3 +144,54 @@ def test_closed_loop_client_keeps_n_in_flight_in_per_thread_order():
     for k in range(3):  # each thread's requests answered in its plan order
         mine = order[k::3]
         assert [a for a in answered if a in mine] == mine
+
+
+def test_repeats_judge_one_figure():
+    """Three real runs of 1.0, 1.2 and 1.1 s against a prediction of 1.05 s (0.95–1.15):
+    median 1.1, error −4.5 % (within 10 %), spread 0.2 s = 18 % of the median, CV 7.4 %;
+    the interval covers 2 of 3 (below 80 %), so it fails though it is no wider than 2× the spread."""
+    from benchmarks.bench_whatif import judge
+
+    j = judge("ttft_p50", 1.05, {"lo": 0.95, "hi": 1.15, "from": "speed"}, [1.0, 1.2, 1.1])
+    assert (j["median"], j["min"], j["max"]) == (1.1, 1.0, 1.2)
+    assert j["error"] == pytest.approx(-0.05 / 1.1, abs=1e-12) and j["meets"] is True
+    assert j["range"] == pytest.approx(0.2, abs=1e-12) and j["rel_range"] == pytest.approx(0.2 / 1.1, abs=1e-12)
+    assert j["cv"] == pytest.approx((0.02 / 3) ** 0.5 / 1.1, abs=1e-12)
+    assert j["covered"] == 2 and j["interval_width_ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert j["interval_ok"] is False
+    # 3 ms is always within target for seconds of a few ms; preemptions have no target
+    assert judge("itl_p90", 0.0042, None, [0.0060, 0.0061])["meets"] is True
+    assert judge("preemptions", 3, None, [4, 5])["meets"] is None
+
+
+@requires_vllm
+def test_repeats_on_the_virtual_clock_stand_in_have_exactly_zero_spread(capsys, tmp_path):
+    """--repeats 2 on the stand-in (vLLM's Scheduler, a known step cost, a virtual clock):
+    the runs alternate A B C A B C, every repeat of a setting is the same run (spread and
+    coefficient of variation exactly 0), the exact model predicts every step count, and
+    --write-doc fills only the marked section."""
+    from benchmarks import bench_whatif
+
+    doc = tmp_path / "whatif.md"
+    doc.write_text(f"# head\n\n{bench_whatif.DOC_BEGIN}\nold text\n{bench_whatif.DOC_END}\n\n## tail\n")
+    report = tmp_path / "repeats.json"
+    assert bench_whatif.main(["--repeats", "2", "--stand-in", "--settings", "1,5", "--out", str(tmp_path / "runs"),
+                              "--json", str(report), "--write-doc", str(doc)]) == 0
+    (rep,) = json.loads(report.read_text())["repeats"]
+    settings = ["recorded setting", "max_num_batched_tokens=64", "max_num_seqs=4"]
+    assert [r["setting"] for r in rep["runs"]] == settings * 2
+    assert [r["round"] for r in rep["runs"]] == [1, 1, 1, 2, 2, 2]
+    assert all(r["speed_mark_us"] is None and r["load_before"] >= 0 for r in rep["runs"])  # a virtual machine
+    assert {(f["setting"], f["figure"]) for f in rep["figures"]} == {
+        (s, f[0]) for s in settings for f in bench_whatif.REPEAT_FIGURES}
+    for f in rep["figures"]:
+        assert len(f["reals"]) == 2 and f["range"] == 0, f
+        assert f["cv"] in (0, None), f  # None: a mean of 0 (no preemption)
+    steps = [f for f in rep["figures"] if f["figure"] == "steps"]
+    assert [f["error"] for f in steps] == [0.0, 0.0, 0.0] and all(f["meets"] for f in steps)
+    text = doc.read_text()
+    assert text.startswith(f"# head\n\n{bench_whatif.DOC_BEGIN}\nMeasured ") and text.endswith(
+        f"{bench_whatif.DOC_END}\n\n## tail\n")
+    assert "old text" not in text and "**stand-in**" in text and "| setting | steps | preempt |" in text
+    out = capsys.readouterr().out
+    assert "round 2 max_num_seqs=4" in out and "load " in out and "mark -" in out

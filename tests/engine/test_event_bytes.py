@@ -6,12 +6,14 @@ scheduler inputs ``whatif`` needs and ``request_added`` its block digests: the h
 vLLM 0.32's real Scheduler, driven without a model through three workloads
 (preemptions, chunked prefill, prefix-cache hits), into a real ``EventSink`` file.
 Values that differ from run to run or machine to machine (``ts``, ``pid``,
-``arrival_ts``, ``schedule_us``, ``device_memory_bytes``, and the block digests, keyed by
-a random salt) are masked; everything else — field order, separators, number
-formatting, omitted optional fields, the final ``probe_stats`` — must match byte for
-byte. Optional fields added since (:data:`ADDED_SINCE`) are cut out of the new lines
-before the comparison: the rest of each line must not move; their values are tested
-where they are made (``head_blocked_by``: tests/engine/test_head_blocked_by.py).
+``arrival_ts``, ``schedule_us``, ``device_memory_bytes``, the machine-speed marks
+``speed_mark_us``, and the block digests, keyed by a random salt) are masked; everything
+else — field order, separators, number formatting, omitted optional fields, the final
+``probe_stats`` — must match byte for byte. Optional fields added since
+(:data:`ADDED_SINCE`) are cut out of the new lines before the comparison: the rest of
+each line must not move; their values are tested where they are made
+(``head_blocked_by``: tests/engine/test_head_blocked_by.py; ``speed_mark_us``:
+tests/engine/test_speed_mark.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import pytest
 from tests.conftest import requires_vllm
 
 GOLDEN = Path(__file__).parents[1] / "data" / "harness_events.masked.jsonl"
-_VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us|device_memory_bytes)": -?[0-9][0-9.e+-]*')
+_VARIES = re.compile(rb'"(ts|pid|arrival_ts|schedule_us|device_memory_bytes|speed_mark_us)": -?[0-9][0-9.e+-]*')
 _DIGEST = re.compile(rb'"[0-9a-f]{16}"')
 #: Optional fields written since the golden file (the last field of their kind, so the
 #: line is the old one once the field and its leading ", " are cut).
 ADDED_SINCE = re.compile(rb', "head_blocked_by": "[a-z_]+"|, "platform": "[a-z]+"|, "max_segment_mb": [0-9.]+, '
                          rb'"rotate_every_s": [0-9.a-z]+, "compress_segments": [a-z]+, "keep_mb": [0-9.a-z]+, '
-                         rb'"keep_hours": [0-9.a-z]+')
+                         rb'"keep_hours": [0-9.a-z]+|, "speed_mark_us": _')
 
 
 def mask(data: bytes) -> bytes:

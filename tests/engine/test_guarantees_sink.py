@@ -38,7 +38,7 @@ from tests.conftest import ROOT, requires_vllm
 from vllm_probe.schema.events import STEP
 from vllm_probe.engine.sink import FLUSH_INTERVAL_S, STOPPING_FLUSH_INTERVAL_S, EventSink
 
-VARYING = {"arrival_ts", "schedule_us"}  # differ between two runs of the same workload
+VARYING = {"arrival_ts", "schedule_us", "speed_mark_us"}  # differ between two runs of the same workload
 
 
 def step_event(i, finished=()):

@@ -18,7 +18,7 @@ def test_the_cpu_engine_records_its_platform(tmp_path):
     path = record_harness_workloads(tmp_path)
     configs = [ev for ev in map(json.loads, path.read_text().splitlines()) if ev["event"] == "engine_config"]
     assert len(configs) == 3 and {c["platform"] for c in configs} == {"cpu"}
-    assert list(configs[0])[-1] == "platform"  # the newest optional field, last
+    assert list(configs[0])[-2:] == ["platform", "speed_mark_us"]  # the newest optional fields, last
     recs = [r for r in iter_file(path, ReadStats()) if type(r).__name__ == "EngineConfigEvent"]
     assert [r.platform for r in recs] == ["cpu"] * 3
 

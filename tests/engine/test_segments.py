@@ -285,7 +285,8 @@ def _events_without_copies(files):
 
 
 def _comparable(events):
-    varying = ("ts", "pid", "arrival_ts", "schedule_us", "flags", "block_digests")  # flags: the segment settings
+    varying = ("ts", "pid", "arrival_ts", "schedule_us", "flags", "block_digests",  # flags: the segment settings
+               "speed_mark_us")
     return [{k: v for k, v in e.items() if k not in varying} for e in events]
 
 

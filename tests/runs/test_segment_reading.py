@@ -61,7 +61,7 @@ def _same(records):
     out = []
     for r in records:
         d = {k: v for k, v in (r.__struct_config__ and __import__("msgspec").structs.asdict(r)).items()
-             if k not in ("ts", "pid", "arrival_ts", "schedule_us", "flags", "block_digests")}
+             if k not in ("ts", "pid", "arrival_ts", "schedule_us", "flags", "block_digests", "speed_mark_us")}
         out.append((type(r).__name__, d))
     return out
 
@@ -72,7 +72,7 @@ def _summary(run):
     d = summarize(run).to_dict()
     for key in ("run_dir", "read", "duration_s", "output_tokens_per_s", "busy_s", "output_tokens_per_busy_s",
                 "schedule_us", "latency",
-                "latency_classes", "latency_by_priority", "moments"):
+                "latency_classes", "latency_by_priority", "moments", "speed_mark"):
         d.pop(key, None)
     return d
 

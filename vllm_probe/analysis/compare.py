@@ -22,6 +22,14 @@ steps is worse), the verdict says so (:data:`STEP_GROUP_OF`). The verdict of a g
 (:func:`verdicts`) weighs only its figures with a better direction, and among
 wall-clock figures only those beyond noise.
 
+How much of a wall-clock difference is the machine is read off the runs' machine-speed
+marks (:class:`~vllm_probe.analysis.summary.SpeedMark`: the host's time for the probe's
+fixed computation): their ratio (:func:`machine_ratio`; 1.30: the other run's host was
+30 % slower) is what the same work's seconds would do from the host alone, to first order
+(:func:`machine_share`: a seconds figure by the ratio, a rate by its inverse); each
+wall-clock delta carries that share and what is left beyond it. A queue that builds on a
+slower host can move TTFT by more than the ratio: the share is the machine's direct part.
+
 Pure: :class:`~vllm_probe.analysis.summary.Summary` objects in, plain data out; the
 table is drawn by :mod:`vllm_probe.tui.compare_view`.
 """
@@ -304,6 +312,36 @@ def noise_threshold(base: Summary, other: Summary) -> float | None:
     return max(spreads) if spreads else None
 
 
+def machine_ratio(base: Summary, other: Summary) -> float | None:
+    """How much slower ``other``'s host ran the probe's fixed computation than ``base``'s:
+    ``other.speed_mark.mark_us / base.speed_mark.mark_us`` (1.30: 30 % slower, 0.80: 20 %
+    faster); None when either run has no mark (an older probe, a simulated run)."""
+    a, b = base.speed_mark.mark_us, other.speed_mark.mark_us
+    return b / a if a and b else None
+
+
+#: Units of wall-clock figures that are rates (more per second): a slower host divides them.
+RATE_UNITS = ("tok/s",)
+
+
+def machine_share(figure: Figure, ratio: float | None) -> float | None:
+    """The relative change of a wall-clock figure that a host ``ratio`` times slower
+    explains on its own, to first order: a time (s, µs) by ``ratio − 1``, a rate (tok/s) by
+    ``1 / ratio − 1`` (0.30: +30 %). None for a step figure or an unknown ratio."""
+    if figure.clock != WALL or ratio is None:
+        return None
+    return 1.0 / ratio - 1.0 if figure.unit in RATE_UNITS else ratio - 1.0
+
+
+def beyond_machine(rel: float | None, machine: float | None) -> float | None:
+    """What is left of a relative delta ``rel`` once the machine's share ``machine`` is
+    taken out (multiplicatively: ``(1 + rel) / (1 + machine) − 1``; +0.40 with a host 30 %
+    slower leaves +7.7 %). None when either is unknown."""
+    if rel is None or machine is None or machine <= -1.0:
+        return None
+    return (1.0 + rel) / (1.0 + machine) - 1.0
+
+
 def is_noisy(figure: Figure, rel: float | None, threshold: float | None) -> bool | None:
     """Whether a delta of a wall-clock figure is within noise (None: not a wall-clock
     figure, no relative delta, or no threshold)."""
@@ -402,19 +440,24 @@ def same_decisions(rows: list[dict[str, Any]], run: int) -> bool:
 
 def comparison(summaries: list[Summary]) -> dict[str, Any]:
     """JSON-ready comparison: config, command and settings-file differences, the noise of
-    each run, figures with deltas (``noisy`` for wall-clock ones), verdicts per group."""
+    each run, the machine (each run's speed mark and its ratio to the baseline's), figures
+    with deltas (``noisy``, and for wall-clock ones the machine's share and what is left
+    beyond it), verdicts per group."""
     base = summaries[0]
     thresholds = [noise_threshold(base, s) for s in summaries[1:]]
+    ratios = [machine_ratio(base, s) for s in summaries[1:]]
     figures = []
     for f in figures_for(summaries):
         values = [f.get(s) for s in summaries]
         row: dict[str, Any] = {"section": f.section, "figure": f.label, "path": str(f.path), "unit": f.unit,
                                "better": f.better, "clock": f.clock, "values": values, "deltas": []}
-        for v, threshold in zip(values[1:], thresholds):
+        for v, threshold, ratio in zip(values[1:], thresholds, ratios):
             d, rel, verdict = delta(f, values[0], v)
+            machine = machine_share(f, ratio) if d is not None else None
             row["deltas"].append({"abs": d, "rel": rel, "verdict": verdict,
                                   "noisy": is_noisy(f, rel, threshold) if d else None,
-                                  "threshold": threshold if f.clock == WALL else None})
+                                  "threshold": threshold if f.clock == WALL else None,
+                                  "machine": machine, "beyond_machine": beyond_machine(rel, machine)})
         figures.append(row)
     # a prediction against a real run: equal steps do not make their seconds' gap the machine's
     same = [same_decisions(figures, run) and is_prediction(base) == is_prediction(summaries[run])
@@ -432,6 +475,7 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
         "command_differences": command_differences(summaries),
         "expected_differences": expected_differences(summaries),
         "noise": {"itl_spread": [itl_spread(s) for s in summaries], "threshold": thresholds, "same_decisions": same},
+        "machine": {"speed_mark_us": [s.speed_mark.mark_us for s in summaries], "ratio": ratios},
         "steps_comparable": comparable,
         "predictions": [is_prediction(s) for s in summaries],
         "figures": figures,

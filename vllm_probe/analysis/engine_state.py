@@ -285,6 +285,12 @@ class EngineState:
     window_segment: int | None = None
     #: ``ts`` of the engine core's ``engine_config`` (its scheduler was built; epoch s)
     started_ts: float | None = None
+    #: the machine-speed mark when the engine core's probe started (``engine_config.speed_mark_us``
+    #: of its first ``engine_config`` that has one; µs, lower is faster) and at its end (the
+    #: latest ``probe_stats.speed_mark_us``); None: not recorded (an older probe, a replay, a
+    #: killed engine core's end)
+    speed_mark_start_us: float | None = None
+    speed_mark_end_us: float | None = None
     #: requests whose ``request_added`` was not read (added before the window, with
     #: request events on): figures from arrival are unknown for them (requests)
     requests_before_window: int = 0

@@ -233,6 +233,8 @@ class RunState:
             eng._requests_logged = flags.get("log_request_events", True) is not False
         eng.config = ev
         eng.max_num_seqs = ev.max_num_seqs
+        if eng.speed_mark_start_us is None:
+            eng.speed_mark_start_us = ev.speed_mark_us
 
     def _step(self, eng: EngineState, ev: Any) -> None:
         # the hot path of every reader (most lines are steps): each field and attribute is
@@ -491,6 +493,8 @@ class RunState:
 
     def _probe_stats(self, eng: EngineState, ev: Any) -> None:
         eng.probe_stats[ev.pid] = ev
+        if ev.speed_mark_us is not None:  # a line written before the end's mark was taken lacks it
+            eng.speed_mark_end_us = ev.speed_mark_us
 
     @staticmethod
     def _first_token(eng: EngineState, req: RequestState) -> None:

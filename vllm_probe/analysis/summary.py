@@ -79,6 +79,12 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
   waited after the step; the probe recorded why the first of them was not admitted) per
   reason; ``head_blocked_steps`` is how many steps carried it (0: nothing ever waited, or
   the run was recorded by a probe without the field).
+* **speed mark**: the machine-speed mark of each engine core (``engine_config.speed_mark_us``
+  when its probe started, the last ``probe_stats.speed_mark_us`` at its end; µs of the
+  probe's fixed reference computation, :mod:`vllm_probe.engine.speed`, lower is faster):
+  the median over engine cores of each, the run's mark (their geometric mean, or the one
+  known), and how it moved while the run ran (end / start − 1). Unknown (None) for a run
+  recorded by an older probe and for a simulated run.
 * Quantiles (median, p90) interpolate linearly between order statistics (numpy's default
   "linear" method): the median of 1, 2, 3, 4 is 2.5.
 """
@@ -88,6 +94,7 @@ from __future__ import annotations
 import bisect
 import gc
 import itertools
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,6 +241,39 @@ class LatencyClasses:
 
 
 @dataclass
+class SpeedMark:
+    """How fast the run's host ran the probe's fixed reference computation
+    (:mod:`vllm_probe.engine.speed`): µs per pass, lower is faster; None where not recorded
+    (an older probe, a simulated run, an engine core killed before its end's mark)."""
+
+    start_us: float | None = None  # when the probes started (before the first step): median over engine cores
+    end_us: float | None = None  # at the end (stop signal or exit): median over engine cores
+    #: the run's mark: the geometric mean of ``start_us`` and ``end_us`` (the one known when
+    #: only one is): what :mod:`vllm_probe.analysis.compare` sets two runs' seconds against
+    mark_us: float | None = None
+    #: ``end_us / start_us − 1``: how the host's speed moved while the run ran (+0.25: the
+    #: reference took 25 % longer at the end than at the start)
+    change: float | None = None
+    engines: int = 0  # engine cores with at least one mark
+
+    @classmethod
+    def of(cls, starts: Iterable[float | None], ends: Iterable[float | None]) -> SpeedMark:
+        """The run's mark from each engine core's start and end marks (µs; None: not recorded)."""
+        pairs = list(zip(starts, ends))
+        known_starts = [a for a, _ in pairs if a is not None]
+        known_ends = [b for _, b in pairs if b is not None]
+        m = cls(engines=sum(1 for a, b in pairs if a is not None or b is not None))
+        m.start_us = Distribution.of(known_starts).median if known_starts else None
+        m.end_us = Distribution.of(known_ends).median if known_ends else None
+        if m.start_us and m.end_us:
+            m.mark_us = math.sqrt(m.start_us * m.end_us)
+            m.change = m.end_us / m.start_us - 1.0
+        else:
+            m.mark_us = m.start_us or m.end_us
+        return m
+
+
+@dataclass
 class Summary:
     """Everything ``vllm-probe summary`` shows; ``compare`` lines several up."""
 
@@ -290,6 +330,8 @@ class Summary:
     probe_dropped_events: int = 0  # events the probe lost (state.EngineState.events_dropped)
     probe_hook_errors: int = 0  # exceptions caught in the probe's hooks (last probe_stats per file)
     probe_hooks_disabled: list[str] = field(default_factory=list)
+    #: the machine-speed mark of the run's host (:class:`SpeedMark`)
+    speed_mark: SpeedMark = field(default_factory=SpeedMark)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``summary --json``)."""
@@ -591,6 +633,8 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     s.probe_dropped_events = sum(eng.events_dropped for eng in engines.values())
     s.probe_hooks_disabled = sorted({h for eng in engines.values() for h in eng.hooks_disabled})
     s.probe_hook_errors = sum(eng.hook_errors for eng in engines.values())
+    s.speed_mark = SpeedMark.of([e.speed_mark_start_us for e in engines.values()],
+                                [e.speed_mark_end_us for e in engines.values()])
     return s
 
 

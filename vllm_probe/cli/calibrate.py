@@ -1,14 +1,19 @@
-"""``vllm-probe calibrate --like RUN_DIR [--out PROFILE.json] [--max-seconds N] [--model PATH] [--dtype D]``.
+"""``vllm-probe calibrate --like RUN_DIR [--out PROFILE.json [--force]] [--max-seconds N] [--model PATH] [--dtype D]``.
 
 Starts the engine ``RUN_DIR`` recorded (model, dtype, ``max_model_len``, block size,
 ``max_num_seqs``, its KV cache; the vLLM installed here must be the recorded release) in
 a child process under the probe, drives it through a designed set of step shapes and
 writes a step-time profile (:mod:`vllm_probe.sim.calibrate`, :mod:`vllm_probe.sim.profile`)
-to ``--out`` and to the profile cache, where ``whatif`` finds it on its own.
+to ``--out`` and to the profile cache, where ``whatif`` finds it on its own. Progress goes
+to stderr as it happens: the engine's start, then one line per shape group.
+
+``--out`` never replaces an existing file unless ``--force`` (refused in one line before
+anything runs); the cache's profile of the same engine is replaced, and a line on stderr
+says which.
 
 Exit codes: 0 written; 1 the engine failed or recorded too few steps; 2 bad usage or
-input (no run, the model folder gone, another vLLM release); 130 interrupted (nothing
-written).
+input (no run, ``--out`` exists, the model folder gone, another vLLM release); 130
+interrupted (nothing written).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--like", required=True, metavar="RUN_DIR", type=path_arg,
                    help="the recorded run whose engine is calibrated")
     p.add_argument("--out", metavar="PROFILE.json", type=path_arg,
-                   help="where the profile goes (it is also stored in the profile cache)")
+                   help="where the profile goes (it is also stored in the profile cache); an existing file is "
+                        "refused unless --force")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--max-seconds", type=float, default=None, metavar="N",
                    help="time limit of the step sweep, start-up excluded (default 150)")
     p.add_argument("--model", metavar="PATH", help="the model, when the run's command line does not name it")
@@ -45,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         prof, written = calibrate(run_dir, args.out, args.max_seconds or DEFAULT_MAX_SECONDS, model=args.model,
-                                  dtype=args.dtype, log=log)
+                                  dtype=args.dtype, log=log, force=args.force)
     except WorkloadError as e:
         raise CliError(str(e)) from None
     except CalibrateError as e:

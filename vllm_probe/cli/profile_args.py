@@ -4,8 +4,11 @@ once here.
 
 * ``--profile FILE``: a profile written by ``vllm-probe calibrate``; its shape, the
   recording's level (:func:`vllm_probe.sim.whatif.step_time_model`);
-* neither: the newest matching profile in the cache (``$VLLMPROBE_PROFILE_DIR`` or
-  ``~/.cache/vllm-probe/profiles/``), a note says which; else the recording-only fit;
+* neither: the newest profile in the cache (``$VLLMPROBE_PROFILE_DIR`` or
+  ``~/.cache/vllm-probe/profiles/``) measured on this engine (model, release, dtype,
+  parallelism, block size, machine) that covers the run's steps
+  (:func:`vllm_probe.sim.profile.choose_cached`), a note says which; else the
+  recording-only fit, and a note says why no cached profile was used;
 * ``--no-profile``: the recording-only fit;
 * ``--force``: use a profile measured on another model, vLLM release or hardware (the
   report says ``FORCED``); without it such a profile is refused in one line, exit 2.

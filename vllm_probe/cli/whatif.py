@@ -7,7 +7,7 @@ by side (:mod:`vllm_probe.tui.whatif_view`). ``--profile PROFILE.json`` (``vllm-
 matching profile from the cache) gives the step time's shape, ``--arrivals`` the client's
 arrival model (detected by default). ``--trace FILE --like RUN_DIR`` replays a
 timed trace (vLLM's ``timed_trace`` JSONL) with a recorded run's settings and
-step-time model instead.
+step-time model instead. Progress goes to stderr, one line as each replay ends.
 
 Exit codes: 0 shown (also when the baseline is off by more than its threshold: the
 report says so); 1 vLLM is not installed, or a replay failed; 2 bad usage or input (an
@@ -94,7 +94,8 @@ def main(args: argparse.Namespace) -> int:
         result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
                          trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,
                          step_time_scale=args.step_time_scale,
-                         profile=profile_args.choice(args), force=args.force, arrivals=args.arrivals)
+                         profile=profile_args.choice(args), force=args.force, arrivals=args.arrivals,
+                         progress=lambda line: print(f"vllm-probe: {line}", file=sys.stderr, flush=True))
     except (SettingError, WorkloadError, TraceError) as e:
         raise CliError(str(e)) from None
     except ProfileRefused as e:

@@ -30,6 +30,7 @@ from . import compat
 from .admission import AdmissionProfile, head_blocked_by
 from ..schema.events import CHUNK, ENGINE_CONFIG, PREEMPT, REQUEST_ADDED, REQUEST_FINISHED, STEP
 from ..settings import ProbeFlags
+from . import speed
 from .signals import on_stop_signals
 from .sink import Deferred, EventSink
 
@@ -88,6 +89,11 @@ class Runtime:
             in vLLM. A replay (:mod:`vllm_probe.sim.replay`) passes its virtual clock.
         timer: ``() -> float``, the monotonic seconds ``schedule_us`` is measured with;
             ``time.perf_counter`` in vLLM.
+        speed_mark: ``() -> float | None``, the machine-speed mark in µs
+            (:func:`vllm_probe.engine.speed.measure`, never raising), taken when each
+            scheduler's probe starts (``engine_config.speed_mark_us``) and, by
+            :func:`file_sink_factory`'s sink, at the end (``probe_stats.speed_mark_us``);
+            None: no mark (a replay, whose machine is its step-time model).
 
     The hooks bind ``clock`` and the ``schedule()`` wrapper binds ``timer`` once, so a
     clock costs the hot path nothing over calling ``time.time`` directly.
@@ -95,11 +101,13 @@ class Runtime:
 
     def __init__(self, flags: ProbeFlags, sink_factory: Callable[[Runtime], Any],
                  clock: Callable[[], float] = time.time,
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 speed_mark: Callable[[], float | None] | None = speed.measure) -> None:
         self.flags = flags
         self.health = HookHealth()
         self.clock = clock
         self.timer = timer
+        self.speed_mark = speed_mark
         self._sink_factory = sink_factory
         self._sink = None
         self.patched: list[str] = []
@@ -149,7 +157,7 @@ def file_sink_factory(run_dir: Path) -> Callable[[Runtime], EventSink]:
             max_segment_bytes=int(f.max_segment_mb * MIB) or None, rotate_every_s=f.rotate_every_s,
             compress_segments=f.compress_segments,
             keep_bytes=None if f.keep_mb is None else int(f.keep_mb * MIB),
-            keep_s=None if f.keep_hours is None else f.keep_hours * 3600.0,
+            keep_s=None if f.keep_hours is None else f.keep_hours * 3600.0, speed_mark=rt.speed_mark,
         )
         on_stop_signals(sink.checkpoint)
         return sink
@@ -184,7 +192,8 @@ class SchedulerProbe:
     scheduler's settings raises (the ``__init__`` wrapper counts it and leaves that
     scheduler unprobed). ``admission`` is the scheduler's
     :class:`~.admission.AdmissionProfile`, read once here (None: its layout is unknown,
-    and step events carry no ``head_blocked_by``).
+    and step events carry no ``head_blocked_by``). ``engine_config`` carries the machine-speed
+    mark taken here, before the first step (``rt.speed_mark``; a few ms, once per scheduler).
     """
 
     def __init__(self, rt: Runtime, sched: Any) -> None:
@@ -212,10 +221,11 @@ class SchedulerProbe:
         self.chunks_seen = False
         self.prefilling: dict[str, _Pass] = {}
         self.resume_pending: set[str] = set()
+        mark = rt.speed_mark() if rt.speed_mark is not None else None
         self.emit(ENGINE_CONFIG, self.clock(), self.engine, ENGINE_CONFIG.pack(
             vllm_version=rt.vllm_version, probe_version=__version__,
             scheduler_class=type(sched).__name__, patched=list(rt.patched),
-            flags=self.flags.to_dict(), platform=compat.platform_name(), **settings,
+            flags=self.flags.to_dict(), platform=compat.platform_name(), speed_mark_us=mark, **settings,
         ))
 
     # -- step -------------------------------------------------------------------------

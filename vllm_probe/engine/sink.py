@@ -474,6 +474,10 @@ class EventSink:
             monotonic clock; checked when lines are written). None: by size only.
         compress_segments, keep_bytes, keep_s: what :class:`SegmentKeeper` does with
             closed segments.
+        speed_mark: ``() -> float | None``, the machine-speed mark in µs
+            (:func:`vllm_probe.engine.speed.measure`), taken once at the end (the stop
+            signal's :meth:`checkpoint`, else :meth:`close`) and written on every
+            ``probe_stats`` line from then on (``speed_mark_us``); None: no mark.
     """
 
     def __init__(
@@ -488,6 +492,7 @@ class EventSink:
         compress_segments: bool = False,
         keep_bytes: int | None = None,
         keep_s: float | None = None,
+        speed_mark: Callable[[], float | None] | None = None,
     ) -> None:
         self.path = Path(path)
         self._opener = opener or _open_private
@@ -522,7 +527,11 @@ class EventSink:
         # the writer thread vs. flush()/close()/checkpoint(); re-entrant because a stop
         # signal's checkpoint may interrupt the main thread inside close()
         self._drain_lock = threading.RLock()
-        self._stats_at: tuple[int, int] | None = None  # (written, dropped) at the last probe_stats
+        self._speed_mark = speed_mark
+        #: the end's machine-speed mark (µs), once taken (:meth:`_mark_end`)
+        self.end_speed_mark_us: float | None = None
+        #: (written, dropped, end mark) at the last probe_stats
+        self._stats_at: tuple[int, int, float | None] | None = None
         self._stopping = False  # a stop signal arrived: every write ends with probe_stats
         self._stop = threading.Event()
         self._wake = threading.Event()  # cuts the writer's wait short (stop signal, close)
@@ -741,10 +750,11 @@ class EventSink:
     def _stats_lines(self, written: int) -> list[bytes]:
         """The rendered ``probe_stats`` line for ``written`` events (with the lock held)."""
         errors, disabled = self._stats_extra() if self._stats_extra else ({}, [])
-        self._stats_at = (written, self.dropped)
+        mark = self.end_speed_mark_us
+        self._stats_at = (written, self.dropped, mark)
         self._render([(PROBE_STATS, time.time(), self.engine, PROBE_STATS.pack(
             events_written=written, events_dropped=self.dropped, hook_errors=errors,
-            hooks_disabled=disabled))])
+            hooks_disabled=disabled, speed_mark_us=mark))])
         lines, self._buffer.lines = self._buffer.lines, []
         self._buffer.failed = []
         return lines
@@ -778,10 +788,24 @@ class EventSink:
         self._wake.set()  # the writer's current wait was for the old interval
         try:
             # the drain already ended with probe_stats if it wrote anything
-            if self._drain(STALL_WAIT_S) and (self.written, self.dropped) != self._stats_at:
+            if self._drain(STALL_WAIT_S) and self._stats_due():
+                self._write_stats(STALL_WAIT_S)
+            # the events first (a SIGKILL may follow), then the few ms of the end's mark
+            if self._mark_end():
                 self._write_stats(STALL_WAIT_S)
         except Exception:
             logger.debug("vllm-probe: checkpoint failed", exc_info=True)
+
+    def _stats_due(self) -> bool:
+        """Whether the counts or the end's mark changed since the last ``probe_stats``."""
+        return (self.written, self.dropped, self.end_speed_mark_us) != self._stats_at
+
+    def _mark_end(self) -> bool:
+        """Take the end's machine-speed mark if not taken yet; True when it was taken now."""
+        if self._speed_mark is None or self.end_speed_mark_us is not None:
+            return False
+        self.end_speed_mark_us = self._speed_mark()
+        return self.end_speed_mark_us is not None
 
     def close(self) -> None:
         """Drain the queue, write ``probe_stats`` and close the file. Idempotent."""
@@ -802,7 +826,8 @@ class EventSink:
                            self.written, self.dropped)
             return
         try:
-            if (self.written, self.dropped) != self._stats_at:
+            self._mark_end()
+            if self._stats_due():
                 self._write_stats()
             if self._file is None and (self.dropped or self._failure):
                 logger.warning(

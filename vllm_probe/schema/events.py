@@ -90,6 +90,13 @@ COMMON_FIELDS: tuple[Field, ...] = (
 #: (the engine side decides which, :mod:`vllm_probe.engine.admission`).
 HEAD_BLOCKED_REASONS = ("token_budget", "max_num_seqs", "kv_cache", "preemption", "prefill_limit", "deferred")
 
+#: What a machine-speed mark is (``engine_config`` and ``probe_stats`` carry one each).
+_SPEED_MARK = ("Machine-speed mark: the median wall-clock time of one pass of the probe's fixed reference computation "
+               "(10,000 rounds of an integer loop in Python, `vllm_probe/engine/speed.py`; 5 passes timed, ~1 ms each) "
+               "on this engine core's host; lower is faster. Two runs' marks compare their hosts' speed for the engine "
+               "core's Python work (scheduling; on the CPU backend the model too): a mark 1.3× another's means "
+               "seconds up to 1.3× longer for that reason alone.")
+
 _STEP_REF = Field("step", "int", "step", "Index of the scheduler step (0-based, per engine core) in which it happened.")
 
 ENGINE_CONFIG = EventKind(
@@ -132,6 +139,7 @@ ENGINE_CONFIG = EventKind(
         Field("device_memory_bytes", "int", "bytes", "Total memory of the device `gpu_memory_utilization` is a share of, where vLLM's platform reports it without touching the device (CPU: the NUMA node; CUDA: NVML).", True),
         Field("platform", "string", "-", "vLLM's platform the engine runs on (`current_platform`): `cpu`, `cuda`, `rocm`, `tpu`, `xpu`, … (what a remedy may ask of the engine depends on it: the CPU backend takes `gpu_memory_utilization` as a share of the NUMA node's memory).", True),
         Field("segment", "int", "-", "On the copy of this line that heads segment n ≥ 2 of an engine core's events (`events-<pid>.<n>.jsonl`, see `scheduler_probe.max_segment_mb`): n. Absent on the original line. The copy keeps the original's `ts` and is not an event: readers of the whole stream skip it, `probe_stats.events_written` does not count it.", True),
+        Field("speed_mark_us", "float", "µs", _SPEED_MARK + " Timed when the scheduler was built, before its first step. Absent from older probes and from simulated runs (a replay's machine is its step-time model).", True),
     ),
 )
 
@@ -252,6 +260,7 @@ PROBE_STATS = EventKind(
         Field("events_dropped", "int", "events", "Events lost: queue full or write failed."),
         Field("hook_errors", "object", "-", "Exceptions caught per hook, e.g. `{\"chunk\": 0}`."),
         Field("hooks_disabled", "list[string]", "-", "Hooks switched off after repeated errors."),
+        Field("speed_mark_us", "float", "µs", _SPEED_MARK + " Timed once at the end: at the stop signal (after the events queued then are written, so a line before it may lack the field) or at exit; every later `probe_stats` line repeats it. Absent from older probes, from simulated runs, and when the engine core was killed before it was timed.", True),
     ),
 )
 

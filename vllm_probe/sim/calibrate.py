@@ -55,7 +55,10 @@ from ..analysis.workload import Workload, WorkloadRequest, load_workload
 from ..runs.rundir import read_meta, write_meta
 from . import profile as profiles
 from .profile import Identity, Profile, ProfileError, RegionFit
-from .stepmodel import _INDEX, fit_rows, recorded_features, region_of, term_columns
+from .stepmodel import FEATURES, fit_rows, recorded_features, region_of, term_columns
+
+#: Column of each feature in a :data:`~vllm_probe.sim.stepmodel.FEATURES` row.
+_COLUMN = {name: i for i, name in enumerate(FEATURES)}
 
 #: Calibration budget: this many times the recorded ``max_num_batched_tokens`` (capped at
 #: ``max_model_len``): the issue asks prefills of at least 4× the recorded budget.
@@ -153,6 +156,18 @@ def design(config: dict[str, Any]) -> Plan:
     return plan
 
 
+def describe_group(group: Group) -> str:
+    """A group's shape in words, for the progress lines: ``prefill 1,024 tokens``,
+    ``decode 8 × 300-token contexts``, ``mixed: 4 decoding beside 2 × 2,048-token prefills``."""
+    if len(group) == 1 and group[0][1] <= 2:
+        return f"prefill {group[0][0]:,} tokens"
+    if len(set(group)) == 1:
+        return f"decode {len(group)} × {group[0][0]:,}-token contexts"
+    longs = [p for p, n in group if n == 1]
+    return (f"mixed: {len(group) - len(longs)} decoding beside {len(longs)} × {max(longs, default=0):,}-token "
+            "prefills")
+
+
 def choose_hinges(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str]) -> tuple[str, ...]:
     """``terms`` plus the hinges (``prefill_tokens>k``, ``decode_reqs>k``) that measurably
     improve the fit: greedily, the candidate knot of either feature (a value seen in the
@@ -175,7 +190,7 @@ def choose_hinges(rows: np.ndarray, periods: np.ndarray, terms: Sequence[str]) -
     best = sse(chosen)
     cands: dict[str, list[float]] = {}
     for name in ("prefill_tokens", "decode_reqs"):
-        col = r[:, _INDEX[name]]
+        col = r[:, _COLUMN[name]]
         vals = np.unique(col[col > 0])
         if len(vals) < 4:
             continue
@@ -203,12 +218,12 @@ def region_fits(rows: np.ndarray, periods: np.ndarray, predict: Callable[[Sequen
     decode batch and by context tokens (4 geometric bins each)."""
     ok = np.isfinite(periods) & (periods > 0)
     out = []
-    pre = ok & (rows[:, _INDEX["prefill_tokens"]] > 0) & (rows[:, _INDEX["decode_reqs"]] == 0)
-    dec = ok & (rows[:, _INDEX["prefill_tokens"]] == 0) & (rows[:, _INDEX["decode_reqs"]] > 0)
+    pre = ok & (rows[:, _COLUMN["prefill_tokens"]] > 0) & (rows[:, _COLUMN["decode_reqs"]] == 0)
+    dec = ok & (rows[:, _COLUMN["prefill_tokens"]] == 0) & (rows[:, _COLUMN["decode_reqs"]] > 0)
     for quantity, mask in (("prefill_tokens", pre), ("decode_reqs", dec), ("attn_decode", dec)):
         if not mask.any():
             continue
-        v = rows[mask, _INDEX[quantity]]
+        v = rows[mask, _COLUMN[quantity]]
         y = periods[mask]
         rel = np.abs(np.array([predict(x) for x in rows[mask]]) - y) / y
         edges = np.unique(np.geomspace(max(v.min(), 1), max(v.max(), 1), 5))
@@ -297,8 +312,38 @@ def engine_kwargs(config: dict[str, Any], found: dict[str, str], plan: Plan) -> 
     return kw
 
 
+#: How often the parent relays the child's progress lines (s).
+PROGRESS_POLL_S = 0.5
+
+
+class ProgressRelay:
+    """Relays the calibration child's progress file to ``log``, one call per complete line
+    (the child appends a line when the engine has started and after each group)."""
+
+    def __init__(self, path: Path, log: Callable[[str], None]) -> None:
+        self.path = path
+        self.log = log
+        self.offset = 0
+
+    def poll(self) -> int:
+        """Relay the lines completed since the last poll; returns how many."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:  # not written yet
+            return 0
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        lines = [ln for ln in data[:end].decode(errors="replace").splitlines() if ln.strip()]
+        for line in lines:
+            self.log(line)
+        return len(lines)
+
+
 class RealEngine:
-    """Drives the plan through a real vLLM engine in a child process under the probe."""
+    """Drives the plan through a real vLLM engine in a child process under the probe; the
+    child's progress (engine start, then each shape group) goes to ``log`` as it happens."""
 
     def __init__(self, kwargs: dict[str, Any], log: Callable[[str], None] | None = None) -> None:
         self.kwargs = kwargs
@@ -309,15 +354,25 @@ class RealEngine:
         from ..settings import load_settings
 
         spec = run_dir.parent / "calibrate-plan.json"
-        spec.write_text(json.dumps({"engine": self.kwargs, "groups": plan.groups, "max_seconds": max_seconds}))
+        progress = run_dir.parent / "progress.txt"
+        spec.write_text(json.dumps({"engine": self.kwargs, "groups": plan.groups, "max_seconds": max_seconds,
+                                    "progress": str(progress)}))
         log_path = run_dir.parent / "engine.log"
         env = probe_env(run_dir, load_settings(None))
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        relay = ProgressRelay(progress, self.log)
+        self.log("starting the engine (the groups follow once it is up)")
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "vllm_probe.sim.calibrate", str(spec)], env=env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                code = proc.wait()
+                while True:
+                    try:
+                        code = proc.wait(timeout=PROGRESS_POLL_S)
+                        break
+                    except subprocess.TimeoutExpired:
+                        relay.poll()
+                relay.poll()
             except BaseException:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -342,22 +397,37 @@ def _child(spec_path: str) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    progress = spec.get("progress")
+
+    def tell(line: str) -> None:  # one whole line per write: the parent relays complete lines
+        if progress:
+            with open(progress, "a") as f:
+                f.write(line + "\n")
+
+    t0 = time.time()
     llm = LLM(**spec["engine"])
-    deadline = time.time() + float(spec["max_seconds"])
-    for g, group in enumerate(spec["groups"]):
+    groups = spec["groups"]
+    tell(f"engine started in {time.time() - t0:.0f} s; {len(groups)} groups, up to {spec['max_seconds']:.0f} s")
+    start = time.time()
+    deadline = start + float(spec["max_seconds"])
+    for g, group in enumerate(groups):
         if time.time() > deadline:
-            print(f"calibrate: time limit reached after {g} of {len(spec['groups'])} groups", flush=True)
+            print(f"calibrate: time limit reached after {g} of {len(groups)} groups", flush=True)
+            tell(f"time limit reached after {g} of {len(groups)} groups")
             break
         prompts = [TokensPrompt(prompt_token_ids=[3 + (g * 7919 + i * 131 + j * 31) % 500 for j in range(p)])
                    for i, (p, _) in enumerate(group)]
         params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for _, n in group]
         llm.generate(prompts, params, use_tqdm=False)
+        tell(f"group {g + 1}/{len(groups)}: {describe_group([tuple(r) for r in group])} "
+             f"({time.time() - start:.0f} s)")
     return 0
 
 
 def calibrate(like: str | Path, out: str | Path | None, max_seconds: float = DEFAULT_MAX_SECONDS, *,
               model: str | None = None, dtype: str | None = None, driver: Any = None,
-              cache: bool = True, log: Callable[[str], None] | None = None) -> tuple[Profile, list[Path]]:
+              cache: bool = True, log: Callable[[str], None] | None = None,
+              force: bool = False) -> tuple[Profile, list[Path]]:
     """Calibrate the engine ``like`` recorded; write the profile to ``out`` (and to the
     cache directory when ``cache``); returns the profile and the paths written.
 
@@ -367,12 +437,20 @@ def calibrate(like: str | Path, out: str | Path | None, max_seconds: float = DEF
         max_seconds: time limit of the step sweep (s; the engine's start-up excluded).
         model, dtype: override what the run's command line says.
         driver: ``driver(plan, run_dir, max_seconds)`` (default :class:`RealEngine`).
+        log: gets the progress, one line at a time (the engine's start, each group,
+            a cached profile replaced).
+        force: replace an existing ``out`` (without it an existing file is refused
+            before anything runs). The cache's profile of the same engine is replaced
+            either way, and ``log`` says which.
 
     Raises:
-        CalibrateError: the run names no engine, the model folder is gone, vLLM is not
-            the recorded release, the engine failed, too few steps (one line each).
+        CalibrateError: ``out`` exists (without ``force``), the run names no engine, the
+            model folder is gone, vLLM is not the recorded release, the engine failed, too
+            few steps (one line each).
     """
     log = log or (lambda _s: None)
+    if out is not None and Path(out).exists() and not force:
+        raise CalibrateError(f"{out} exists; pass --force to replace it, or choose another --out")
     like = Path(like)
     w = load_workload(like)
     config = w.config
@@ -407,19 +485,35 @@ def calibrate(like: str | Path, out: str | Path | None, max_seconds: float = DEF
     finally:
         shutil.rmtree(work, ignore_errors=True)
     written = []
+    target = profiles.cache_path(ident)
+    replaced = _replaced(target) if cache else None  # read before --out could be that very file
     if out is not None:
         written.append(profiles.save(prof, out))
     if cache:
         try:
-            written.append(profiles.save(prof, profiles.cache_path(ident)))
+            written.append(profiles.save(prof, target))
         except OSError as e:
             log(f"could not store the profile in {profiles.cache_dir()}: {e}")
+        else:
+            if replaced:
+                log(f"replaced the profile cache's {target} ({replaced})")
     return prof, written
+
+
+def _replaced(path: Path) -> str | None:
+    """What the cache file about to be replaced held, in words (None: no file there)."""
+    if not path.exists():
+        return None
+    try:
+        old = profiles.load(path)
+    except ProfileError:
+        return "an unreadable file"
+    return f"measured {time.strftime('%Y-%m-%d %H:%M', time.localtime(old.created))}, {old.steps} steps"
 
 
 if __name__ == "__main__":  # the calibration engine's child process
     sys.exit(_child(sys.argv[1]))
 
 
-__all__ = ["CalibrateError", "Plan", "ProfileError", "RealEngine", "StandIn", "calibrate", "choose_hinges",
-           "design", "fit_profile", "region_fits"]
+__all__ = ["CalibrateError", "Plan", "ProfileError", "ProgressRelay", "RealEngine", "StandIn", "calibrate",
+           "choose_hinges", "describe_group", "design", "fit_profile", "region_fits"]

@@ -26,6 +26,7 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +206,18 @@ def step_time_model(run_dir: str | Path, w: Workload, profile: str | Path | Prof
             elif profile is not None:
                 path = str(profile)
                 prof = profiles.load(path)
-            else:
-                found = profiles.find_cached(ident)
-                if found is not None:
-                    path, prof = str(found[0]), found[1]
+            else:  # the cache: only a profile of this engine that covers the run's steps
+                cached = profiles.choose_cached(ident, w, run_dir)
+                notes += cached.notes
+                if cached.found is not None:
+                    path, prof = str(cached.found[0]), cached.found[1]
                     notes.append(f"profile: using {path} from the profile cache (measured on {ident.model}, "
                                  f"{ident.hardware}, vLLM {ident.vllm}); --profile FILE picks another")
             forced = profiles.check(prof, ident, path or "", force) if prof is not None else None
+            if prof is not None and profile is not None:
+                covered = profiles.coverage_note(prof, w, path or "", run_dir)
+                if covered:
+                    notes.append(covered)
         except ProfileError as e:
             raise ProfileRefused(str(e)) from None
         if prof is not None:
@@ -310,14 +316,33 @@ class ReplayTask:
     time_limit_s: float | None = None
 
 
-def run_all(tasks: list[ReplayTask], jobs: int) -> list[ConfigResult]:
+def run_all(tasks: list[ReplayTask], jobs: int,
+            progress: Callable[[str], None] | None = None) -> list[ConfigResult]:
     """Replay ``tasks``, ``jobs`` processes at a time (forked: they inherit vLLM's imports),
-    results in order."""
+    results in order. ``progress`` gets one line as each replay ends (in the order they end):
+    ``replayed 2/4: max_num_seqs=4 (1,035 steps in 1.2 s)``."""
     if jobs <= 1 or len(tasks) == 1:
-        return [run_task(t) for t in tasks]
+        results = []
+        for t in tasks:
+            results.append(run_task(t))
+            _replayed(progress, len(results), len(tasks), t, results[-1])
+        return results
     ctx = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-        return list(pool.map(run_task, tasks))
+        futures = {pool.submit(run_task, t): t for t in tasks}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            if future.exception() is None:
+                _replayed(progress, done, len(tasks), futures[future], future.result())
+        return [f.result() for f in futures]
+
+
+def _replayed(progress: Callable[[str], None] | None, done: int, total: int, task: ReplayTask,
+              result: ConfigResult) -> None:
+    """One line of :func:`run_all`'s ``progress``: which replay ended, its steps and wall time."""
+    if progress is not None:
+        r = result.replay
+        progress(f"replayed {done}/{total}: {task.run_dir.name} ({r.get('steps', 0):,} steps in "
+                 f"{r.get('wall_s', 0.0):.1f} s)")
 
 
 def run_task(task: ReplayTask) -> ConfigResult:

@@ -15,14 +15,23 @@ A profile (:class:`Profile`, written as JSON by msgspec) holds
 A recording gives the level (:func:`vllm_probe.sim.stepmodel.fit_level`): the profile's
 shape times the recording machine's speed on that run.
 
-**Matching** (:func:`check`): a profile measured on another model, vLLM release or
-hardware (or dtype, parallelism) than the recording is refused with one line
+**Matching** (:func:`check`): a profile given by path and measured on another model, vLLM
+release or hardware (or dtype, parallelism) than the recording is refused with one line
 (:class:`ProfileError`), unless forced (the report then says so). Block size and
-``max_model_len`` are not identity: they bound the region, not the cost per token.
+``max_model_len`` do not refuse a profile given by path: they bound the region, not the
+cost per token; the report says how much of the run lies outside that region
+(:func:`coverage_note`).
 
 **The cache** (:func:`cache_dir`): ``~/.cache/vllm-probe/profiles/`` or
-``$VLLMPROBE_PROFILE_DIR``; ``calibrate`` stores each profile there too, and ``whatif``
-uses the newest matching one on its own (:func:`find_cached`), saying so.
+``$VLLMPROBE_PROFILE_DIR``; ``calibrate`` stores each profile there too. ``whatif``,
+``doctor`` and ``tune`` use a cached profile on their own (:func:`choose_cached`, saying
+which) only when it was measured on the same model, vLLM release, dtype, parallelism,
+block size and machine (:meth:`Identity.cache_key`) **and** covers the run's own steps (at
+most :data:`COVERAGE_OUTSIDE_MAX` of them beyond its region, :func:`outside_share`): a
+profile measured on another run can price the recorded steps from outside what it
+measured, and then the recording's own fit is the better model. Otherwise the report says
+why none was used — what differs, or how much of the run lies outside — and proposes
+``vllm-probe calibrate --like RUN``.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +84,12 @@ class Identity(msgspec.Struct, kw_only=True):
         """The fields a profile must share with a recording to be used."""
         return (self.model, self.hardware, self.vllm, self.dtype, self.tensor_parallel_size,
                 self.pipeline_parallel_size)
+
+    def cache_key(self) -> tuple[Any, ...]:
+        """The fields a cached profile must share with a recording to be used on its own:
+        :meth:`key` and the block size (tokens per KV block: another block size is another
+        engine's KV layout and decode cost)."""
+        return (*self.key(), self.block_size)
 
 
 class RegionFit(msgspec.Struct, kw_only=True):
@@ -168,10 +184,16 @@ def save(prof: Profile, path: str | Path) -> Path:
     return path
 
 
-def mismatch(prof: Identity, rec: Identity) -> str | None:
-    """What differs between a profile's identity and a recording's (one phrase), or None."""
-    names = ("model", "hardware", "vLLM release", "dtype", "tensor parallelism", "pipeline parallelism")
-    for name, a, b in zip(names, prof.key(), rec.key()):
+#: The names of :meth:`Identity.cache_key`'s fields, as a mismatch reads them.
+_KEY_NAMES = ("model", "hardware", "vLLM release", "dtype", "tensor parallelism", "pipeline parallelism",
+              "block size")
+
+
+def mismatch(prof: Identity, rec: Identity, cache: bool = False) -> str | None:
+    """What differs between a profile's identity and a recording's (one phrase), or None;
+    ``cache``: by :meth:`Identity.cache_key` (the block size too)."""
+    keys = (prof.cache_key(), rec.cache_key()) if cache else (prof.key(), rec.key())
+    for name, a, b in zip(_KEY_NAMES, *keys):
         if a != b:
             return f"{name} {a!r}, the recording's is {b!r}"
     return None
@@ -205,24 +227,116 @@ def cache_path(ident: Identity) -> Path:
     return cache_dir() / f"{name}-{ident.vllm}-{digest}.json"
 
 
-def find_cached(rec: Identity) -> tuple[Path, Profile] | None:
-    """The newest profile in :func:`cache_dir` that matches ``rec`` (unreadable files are
-    skipped), or None."""
-    found = []
+def _cached() -> list[tuple[Path, Profile]]:
+    """Every readable profile in :func:`cache_dir`, newest first (unreadable files skipped)."""
     folder = cache_dir()
     if not folder.is_dir():
-        return None
+        return []
+    found = []
     for path in folder.glob("*.json"):
         try:
-            prof = load(path)
+            found.append((load(path), path))
         except ProfileError:
             continue
-        if mismatch(prof.measured_on, rec) is None:
-            found.append((prof.created, str(path), prof))
-    if not found:
+    return [(path, prof) for prof, path in sorted(found, key=lambda pp: (pp[0].created, str(pp[1])), reverse=True)]
+
+
+def find_cached(rec: Identity) -> tuple[Path, Profile] | None:
+    """The newest profile in :func:`cache_dir` that matches ``rec`` by :meth:`Identity.cache_key`
+    (unreadable files are skipped), or None. Whether it covers a run's steps is
+    :func:`choose_cached`'s question."""
+    for path, prof in _cached():
+        if mismatch(prof.measured_on, rec, cache=True) is None:
+            return path, prof
+    return None
+
+
+#: A cached profile is used on its own only when at most this share of the run's steps
+#: (5 %) lies beyond its region: a run mostly outside what the profile measured is better
+#: priced by its own fit, which at least covers the recorded steps.
+COVERAGE_OUTSIDE_MAX = 0.05
+
+
+def outside_share(prof: Profile, w: Any) -> float:
+    """Share (0..1) of the recorded steps of ``w`` (a :class:`~vllm_probe.analysis.workload.Workload`)
+    whose prefill tokens, decode batch or decode context lie beyond the profile's region by
+    more than :data:`~vllm_probe.sim.stepmodel.REGION_SLACK` (0: none, or no steps)."""
+    from .stepmodel import FEATURES, REGION_SLACK, recorded_features
+
+    rows, _ = recorded_features(w)
+    if not len(rows):
+        return 0.0
+    beyond = [rows[:, FEATURES.index(k)] > v * (1 + REGION_SLACK) for k, v in prof.region.items() if k in FEATURES]
+    if not beyond:
+        return 0.0
+    out = beyond[0]
+    for b in beyond[1:]:
+        out = out | b
+    return float(out.mean())
+
+
+def region_text(prof: Profile) -> str:
+    """The profile's region in words: ``up to 1,024 prefill tokens, 16 decodes``."""
+    r = prof.region
+    return (f"up to {r.get('prefill_tokens', 0):,.0f} prefill tokens, {r.get('decode_reqs', 0):,.0f} decodes, "
+            f"{r.get('attn_decode', 0):,.0f} decode context tokens")
+
+
+def coverage_note(prof: Profile, w: Any, path: str | Path, run_dir: str | Path) -> str | None:
+    """The report's line when a profile leaves more than :data:`COVERAGE_OUTSIDE_MAX` of
+    the run's own steps beyond its region (None: it covers them)."""
+    share = outside_share(prof, w)
+    if share <= COVERAGE_OUTSIDE_MAX:
         return None
-    _, found_path, prof = max(found)
-    return Path(found_path), prof
+    return (f"profile: {share * 100:.0f} % of this run's steps lie beyond the region {path} was measured on "
+            f"({region_text(prof)}); vllm-probe calibrate --like {run_dir} measures one that covers them")
+
+
+@dataclass
+class CacheChoice:
+    """What :func:`choose_cached` decided.
+
+    Attributes:
+        found: the cached profile to use (its path and the profile), or None.
+        notes: what the report says about it, one line each: which profile and why, or
+            why none was used (what differs, or how much of the run lies outside) with the
+            ``calibrate --like RUN`` that measures one.
+    """
+
+    found: tuple[Path, Profile] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def choose_cached(rec: Identity, w: Any, run_dir: str | Path) -> CacheChoice:
+    """The cached profile a run of identity ``rec`` and workload ``w`` (recorded in
+    ``run_dir``) uses on its own: the newest that matches by :meth:`Identity.cache_key`
+    and leaves at most :data:`COVERAGE_OUTSIDE_MAX` of the run's steps beyond its region.
+
+    With no such profile, ``notes`` says why: the newest matching profile and the share
+    of the run it leaves outside, or the newest profile of the same model and what else
+    differs; nothing when the cache holds no profile of this model.
+    """
+    cached = _cached()
+    calibrate = f"vllm-probe calibrate --like {run_dir} measures one"
+    matching = [(p, prof) for p, prof in cached if mismatch(prof.measured_on, rec, cache=True) is None]
+    if not matching:
+        same_model = [(p, prof) for p, prof in cached if prof.measured_on.model == rec.model]
+        if not same_model:
+            return CacheChoice()
+        path, prof = same_model[0]
+        why = mismatch(prof.measured_on, rec, cache=True)
+        return CacheChoice(notes=[f"profile: the cached profile {path} is not used: it was measured on {why}; "
+                                  f"{calibrate} for this engine"])
+    shares = []
+    for path, prof in matching:
+        share = outside_share(prof, w)
+        if share <= COVERAGE_OUTSIDE_MAX:
+            return CacheChoice(found=(path, prof))
+        shares.append(share)
+    path, prof = matching[0]
+    return CacheChoice(notes=[f"profile: the cached profile {path} is not used: {shares[0] * 100:.0f} % of this "
+                              f"run's steps lie beyond the region it was measured on ({region_text(prof)}); "
+                              f"{calibrate} that covers them"])
 
 
 def hardware() -> str:
@@ -303,5 +417,6 @@ def identity_of_run(config: dict[str, Any], meta: dict[str, Any], model: str | N
     return ident, found, assumed
 
 
-__all__ = ["PROFILE_SCHEMA", "Identity", "Profile", "ProfileError", "RegionFit", "cache_dir", "cache_path",
-           "check", "engine_arguments", "find_cached", "hardware", "identity_of_run", "load", "mismatch", "save"]
+__all__ = ["COVERAGE_OUTSIDE_MAX", "PROFILE_SCHEMA", "CacheChoice", "Identity", "Profile", "ProfileError",
+           "RegionFit", "cache_dir", "cache_path", "check", "choose_cached", "coverage_note", "engine_arguments",
+           "find_cached", "hardware", "identity_of_run", "load", "mismatch", "outside_share", "region_text", "save"]

@@ -34,6 +34,7 @@ events, the flag named).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,8 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
             *, trace: str | Path | None = None, trace_hash_size: int = 16,
             trace_sec_multiplier: float = 1.0, mode: str = "timed", step_time_scale: float = 1.0,
             profile: str | Path | Profile | bool | None = None, force: bool = False,
-            arrivals: str | Arrivals | None = None, drift: bool = True) -> WhatifResult:
+            arrivals: str | Arrivals | None = None, drift: bool = True,
+            progress: Callable[[str], None] | None = None) -> WhatifResult:
     """Replay the run in ``run_dir`` at its own settings and at each point of ``grid``.
 
     The baseline and every point are replayed by one :class:`~vllm_probe.sim.plan.ReplayPlan`:
@@ -138,6 +140,8 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
         drift: when the recording's speed moved by more than :data:`DRIFT_REPLAY`, also
             replay the recording's speed over time (``drift``: how much of the baseline's
             error that explains).
+        progress: gets one line as each replay ends (:func:`~vllm_probe.sim.plan.run_all`),
+            e.g. for ``whatif``'s progress on stderr; None: silent.
 
     Raises:
         WhatifError, SettingError, WorkloadError: see the module docstring.
@@ -179,7 +183,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
         tasks += [plan.task({}, out / name, workload=plan.workload if trace is not None else None, checked=checked[0],
                             model=dataclasses.replace(plan.model, scale=plan.model.scale * f))
                   for name, f in (("baseline-slowest-speed", slow), ("baseline-fastest-speed", fast))]
-    results = run_all(tasks, jobs)
+    results = run_all(tasks, jobs, progress)
     speeds = [results.pop(-2), results.pop()] if at_speed else []
     recorded = plan.recorded
     drift_info: dict[str, Any] | None = None

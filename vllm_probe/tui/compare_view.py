@@ -17,7 +17,7 @@ from rich.text import Text
 
 from ..analysis.compare import GROUPS, STEPS, WALL, Figure, comparison, delta
 from ..analysis.summary import Summary
-from .format import figure, pct, prompt_class, signed
+from .format import figure, pct, prompt_class, signed, signed_pct
 
 #: How a group's verdict reads, and its style.
 _VERDICT = {"better": ("better", "green"), "worse": ("worse", "red"), "mixed": ("mixed", "yellow"),
@@ -75,6 +75,24 @@ def verdict_line(v: dict, label: str) -> Text:
     return text
 
 
+def machine_line(machine: dict[str, Any]) -> Text:
+    """Each run's machine-speed mark and its ratio to the baseline's, as ``comparison``'s
+    ``machine`` gives them: how much of a difference in seconds is the host's."""
+    marks, ratios = machine["speed_mark_us"], machine["ratio"]
+    if all(m is None for m in marks):
+        return Text("Machine-speed mark: not recorded in these runs (an older probe, or simulated runs): how much of "
+                    "a difference in seconds is the machine's is unknown.", style="dim")
+    said = []
+    for i, ratio in enumerate(ratios):
+        if ratio is None:
+            said.append(f"[{i + 2}] unknown")
+        else:
+            said.append(f"[{i + 2}] ×{ratio:.2f} of [1]'s ({signed_pct(ratio - 1)} seconds for the same work)")
+    return Text("Machine-speed mark (µs of the probe's fixed computation on each run's host, lower is faster): "
+                + ", ".join(f"[{i + 1}] {figure(m, 'µs')}" for i, m in enumerate(marks)) + "; " + ", ".join(said)
+                + ": a wall-clock delta up to that much is the host's, not the settings'.", style="dim")
+
+
 def render(summaries: list[Summary]) -> RichGroup:
     """Differences, then the figures side by side with deltas against run 1, then the
     verdicts per group."""
@@ -128,6 +146,7 @@ def render(summaries: list[Summary]) -> RichGroup:
         if preds[i] != preds[0]:
             parts.append(Text(f"[{i + 1}] against [1]: a prediction against a real run — their gap in seconds is the "
                               "model's error, not noise (no ≈ marks)", style="yellow"))
+    parts.append(machine_line(data["machine"]))
     same = [f"[{i + 2}]" for i, x in enumerate(data["noise"]["same_decisions"]) if x]
     if same:
         parts.append(Text(f"{', '.join(same)}: every step figure equals [1]'s — the scheduler made the same decisions, "
@@ -153,8 +172,10 @@ def render(summaries: list[Summary]) -> RichGroup:
             clock_said = g.clock
         else:
             header = ""
-        t.add_row(Text.assemble((g.name, "bold"), (f"  {header}" if header else "", "italic dim")),
-                  *["" for _ in range(2 * len(summaries) - 1)])
+        head_cells: list[Any] = [""]
+        for ratio in data["machine"]["ratio"]:  # the machine's ratio beside each run's seconds
+            head_cells += ["", Text(f"machine ×{ratio:.2f}", style="dim") if g.clock == WALL and ratio else ""]
+        t.add_row(Text.assemble((g.name, "bold"), (f"  {header}" if header else "", "italic dim")), *head_cells)
         for r in rows:
             cells: list[Any] = [figure(r["values"][0], r["unit"])]
             for i, v in enumerate(r["values"][1:]):

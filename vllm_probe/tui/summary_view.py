@@ -105,6 +105,18 @@ def latency_class_parts(s: Summary) -> list[Any]:
     return parts
 
 
+def _speed_mark(s: Summary) -> str:
+    """The machine-speed marks (µs of the probe's fixed computation, lower is faster) at the
+    start and the end of the run: ``1.65 → 1.20 ms`` (the unit once when both share it)."""
+    m = s.speed_mark
+    if m.start_us is None and m.end_us is None:
+        return "not recorded"
+    start, end = figure(m.start_us, "µs"), figure(m.end_us, "µs")
+    if start.split(" ")[-1] == end.split(" ")[-1] != UNKNOWN:
+        start = start.rsplit(" ", 1)[0]
+    return f"{start} → {end}"
+
+
 def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     """The one-screen view of a summary (side-by-side panels from ``width`` 110 on);
     with the run's ``engines`` (:class:`~vllm_probe.analysis.state.EngineState`), the
@@ -154,6 +166,7 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         ("prefill · decode tokens", f"{count(s.prefill_tokens)} · {count(s.decode_tokens)}"),
         ("prefill share", figure(s.prefill_share, "%")),
         ("schedule() mean·max", f"{figure(s.schedule_us.mean, 'µs')} · {figure(s.schedule_us.max, 'µs')}"),
+        ("machine mark", _speed_mark(s)),
     ])
     p, ch = s.preemptions, s.chunking
     pre = _kv("Preemptions · chunking", [
