@@ -11,14 +11,14 @@ full. The lines are written in the probe's own format (``vllm_probe.schema.event
 order); most are ``step`` events, as in a real decode-heavy run.
 
 Each measurement runs in a fresh child process, which reports wall time (events read
-per second) and peak resident memory (``ru_maxrss``). Targets (issue 4): export and
+per second) and peak resident memory (``ru_maxrss``). Targets: export and
 summary each >= 300,000 events/s; export's peak memory independent of the run's length;
-(part 8) ``doctor`` and the ``summary`` command with its notable moments
+``doctor`` and the ``summary`` command with its notable moments
 (``summary+moments``: the doctor's episodes follow the same state) too.
 ``--write-doc`` records the figures in ``docs/performance.md`` (section "Export and
 summary").
 
-``--ratio`` (issue 20 item 4: ``summary`` and ``doctor`` within 1.5x of a bare msgspec
+``--ratio`` (``summary`` and ``doctor`` within 1.5x of a bare msgspec
 decode of the same file) times, in this one process and interleaved round by round so
 that the shared machine's load hits all of them alike: the bare decode (each line of
 each file decoded into its record by ``schema.records.decode``, nothing else), the
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance.md"
 SECTION = "## Export and summary"
 TARGET = 300_000
-#: The commands held to TARGET (issue 4: export and summary; part 8: doctor, which shares summary's state).
+#: The commands held to TARGET (export and summary; doctor, which shares summary's state).
 TARGETED = ("export", "summary", "summary+moments", "doctor")
 
 

@@ -21,7 +21,7 @@ run: does it ask to undo the remedy (advice that does not converge)?
 Request ids differ between runs: a goal over some requests (the short requests of a
 head-of-line finding) is measured on the rerun over the requests at the same positions
 in arrival order (the scenarios add their requests in one fixed order). The machine's
-load moves the seconds figures (design.md §7); the load average is printed.
+load moves the seconds figures; the load average is printed.
 """
 
 from __future__ import annotations

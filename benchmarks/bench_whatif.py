@@ -18,14 +18,14 @@ calibrated step-time profile (``vllm-probe calibrate``, once per session, or
 ``--profile FILE``) and once with the recording-only model (``profile=False``); run the
 five for real; print each figure's relative error, prediction against measurement, the
 profile's row above the recording-only one, and the baseline's (the recorded settings
-replayed) against the recording. Targets (issue 18): TTFT p50/p90 within 10 % (or 3 ms
+replayed) against the recording. Targets: TTFT p50/p90 within 10 % (or 3 ms
 where TTFT is a few ms), throughput and duration within 5 %, steps within 2 %.
 Workloads (``examples/timed_arrivals.py``, ``AsyncLLM``: the server's engine, mixed
 lengths: prompts 64–1,200 tokens, outputs 16–200, Poisson arrivals; then an offline burst
 and a real server):
 
 * ``light``: 40 requests at 4/s (below saturation on any machine here);
-* ``saturated``: 96 requests at 32/s (saturates a quiet machine too, design.md §7);
+* ``saturated``: 96 requests at 32/s (saturates a quiet machine too, measured);
 * ``prefix-light`` / ``prefix-saturated``: the same, 80 % of prompts behind one of three
   shared system prefixes (300 / 700 / 1,100 tokens), 30 % second turns, prefix caching on;
 * ``burst``: ``examples/long_prompts.py`` as ``make demo`` runs it: 16 × 1,536-token
@@ -63,7 +63,7 @@ docs/whatif.md discusses
 what the errors mean.
 
 **Repeats** (``--repeats K``): one real run cannot confirm a prediction in seconds on a
-machine whose speed moves between runs (design.md §8: the same setting's TTFT p90 was
+machine whose speed moves between runs (measured: the same setting's TTFT p90 was
 5.93 s and 3.18 s twenty minutes apart). Per workload: record it once, predict the grid
 (:func:`~vllm_probe.sim.whatif.predict`, with each figure's interval, as ``whatif --json``'s
 ``intervals`` gives it), then run the recorded setting and each changed setting for real,

@@ -3,7 +3,7 @@
     python -m benchmarks.closed_loop --out RUN_DIR                  # 96 requests, 8 threads, 50 ms think time
     python -m benchmarks.closed_loop --out RUN_DIR --requests 24 --max-num-seqs 4
 
-The ``server-closed`` workload of ``benchmarks/bench_whatif.py`` (issue 18: a server under
+The ``server-closed`` workload of ``benchmarks/bench_whatif.py`` (a server under
 ``vllm bench serve --max-concurrency``). :func:`record`:
 
 1. starts ``vllm-probe run --out RUN_DIR -- python -m vllm.entrypoints.openai.api_server``

@@ -1,9 +1,9 @@
 """Soak: vLLM's OpenAI server under ``vllm-probe run --metrics-port`` for a given time.
 
-    python benchmarks/soak.py --minutes 60 --out /work/out/soak/hour
+    python benchmarks/soak.py --minutes 60 --out /tmp/soak/hour
     python benchmarks/soak.py --minutes 3            # the CI mode (tests/benchmarks/test_soak.py)
 
-What it does (issue 19 item 3):
+What it does:
 
 1. Writes a settings file whose ``scheduler_probe`` section sets small segment limits
    (``max_segment_mb``, ``rotate_every_s``, ``compress_segments``, ``keep_mb``,
@@ -46,7 +46,7 @@ per hour).
 Exit code 0 when every check holds (0 dropped, 0 hook errors, the archive's requests
 and output tokens equal to the client's, steps contiguous, disk within ``keep_mb`` + one
 segment), 1 otherwise. Numbers: block size 128 and the tiny model's speed are this
-machine's (docs/guarantees.md, design.md §2).
+machine's (docs/guarantees.md).
 """
 
 from __future__ import annotations

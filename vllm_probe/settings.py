@@ -1,4 +1,4 @@
-"""Settings files as users write them: the seed notes' ``settings.json`` and ``config.toml``.
+"""Settings files as users write them: ``settings.json`` (its ``scheduler_probe`` flags) and ``config.toml``.
 
 A settings file is JSON, YAML (``.yaml``/``.yml``) or TOML (``.toml``). Its
 ``scheduler_probe`` section switches the probe's event kinds; the rest belongs to other
@@ -20,7 +20,7 @@ tools and is read as it is::
 * ``model``, ``sampling`` (``settings.json``) and ``[scheduler]`` (``config.toml``: vLLM's
   engine arguments) are what the user *expects* the engine to run with
   (:class:`Expected`): ``vllm-probe run`` records them in ``meta.json`` so that the summary
-  and the doctor can say where the effective ``engine_config`` differs (seed §5: flags
+  and the doctor can say where the effective ``engine_config`` differs (flags
   on the command line win over a config file). ``sampling`` and ``model`` are still
   type-checked (the examples read them).
 * Any other section (``server``, ``taotoken`` …) is left alone; :attr:`Settings.ignored`
@@ -73,7 +73,7 @@ class ProbeFlags(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: Size at which the engine core's event file is closed and the next segment opened
     #: (MiB, 2**20 bytes; fractions allowed; 0: one file, never rotated). Segment 1 is
     #: ``events-<pid>.jsonl``, segment n ``events-<pid>.<n>.jsonl``. 64 MiB is about 3 to
-    #: 10 minutes of a busy GPU server (~400 bytes per step at 30-100 steps/s, issue 19).
+    #: 10 minutes of a busy GPU server (~400 bytes per step at 30-100 steps/s).
     max_segment_mb: Annotated[float, msgspec.Meta(ge=0)] = 64
     #: Also close a segment this many seconds after it was opened (None: by size only).
     rotate_every_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
@@ -145,7 +145,7 @@ class Settings:
         model, sampling: those sections, as written (the examples read them).
         expected: what the file says the engine should run with (None: nothing).
         ignored: top-level sections the probe leaves alone (other tools').
-        empty: the file holds no key at all (all comments, as the seed notes' one-line
+        empty: the file holds no key at all (all comments, as a one-line
             ``config.toml`` is when copied verbatim).
     """
 

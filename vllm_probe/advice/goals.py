@@ -38,7 +38,7 @@ def reference(baseline: float | None, recorded: float | None) -> float | None:
 
     The stricter of the two, so that a change must beat the model's own baseline (its error
     at the recorded settings is no improvement) and, in absolute terms, what really ran.
-    Measured (stop 22, docs/tune.md): short-behind-long recorded under load had a short
+    Measured (docs/tune.md): short-behind-long recorded under load had a short
     requests' TTFT p90 of 0.323 s and a baseline replay of 0.687 s; a threshold of 512
     predicted 0.256 s, "half the baseline", and measured 0.285 s for real (-12 %). Against
     the recording, 0.256 s is not half, and the search went on to a change that is.

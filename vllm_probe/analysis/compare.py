@@ -1,4 +1,4 @@
-"""Runs side by side (``vllm-probe compare``, seed notes §4.4): what differs between their
+"""Runs side by side (``vllm-probe compare``): what differs between their
 effective configs, command lines and settings files, each figure with its delta against
 the first run (the baseline), and a verdict per group of figures, told apart by what
 they can be trusted for.
@@ -114,7 +114,7 @@ FIGURES: tuple[Figure, ...] = (
     _F("steps", "steps", S.steps, "steps", "lower"),
     _F("steps", "tokens/step median", S.tokens_per_step.median, "tokens", "higher"),
     _F("steps", "tokens/step p90", S.tokens_per_step.p90, "tokens", "higher"),
-    # budget use: no better direction, it falls when the budget itself grows (seed §4.4)
+    # budget use: no better direction, it falls when the budget itself grows
     _F("steps", "budget use median", S.budget_use.median, "%"),
     _F("steps", "budget use p90", S.budget_use.p90, "%"),
     _F("steps", "prefill share", S.prefill_share, "%"),

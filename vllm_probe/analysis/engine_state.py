@@ -167,7 +167,7 @@ class PrefillCounts:
     Attributes:
         chunks, chunk_tokens: prefill chunks and their tokens (``end - start``).
         reread_kv_tokens: :func:`~vllm_probe.analysis.figures.chunk_reread_tokens` summed
-            over chunks (seed §3.4).
+            over chunks.
         first_passes: first passes started (first chunks of requests not resumed);
             first_pass_prompt_tokens: their ``prompt_len`` (what the hits are a share of);
             prefix_hit_tokens: the prefix cache served on their first chunks;

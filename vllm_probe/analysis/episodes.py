@@ -15,7 +15,7 @@ bounded memory:
 * **preemptions** — the steps with the most preemptions, and the requests preempted again
   and again with the steps of each preemption;
 * **chunking without benefit** — first prefill passes cut into several chunks while no
-  request decoded alongside (seed notes §3.4: chunking then only adds steps and KV
+  request decoded alongside (chunking then only adds steps and KV
   re-reads);
 * **held slots** — under ``AsyncScheduler``, steps whose running queue was full while
   requests waited, with running requests that scheduled nothing: slots held by requests
@@ -142,7 +142,7 @@ _Waiting = tuple[int, int, int | None, dict[str, int] | None, dict[str, int]]
 
 #: head_blocked_by reasons a held slot shows as: the running queue is full
 #: (``max_num_seqs``), which the probe reads as ``deferred`` while the slots are held by
-#: requests whose last token is in flight (design.md §7: every waiting step reads
+#: requests whose last token is in flight (measured: every waiting step reads
 #: ``deferred`` on vLLM 0.32).
 HELD_REASONS = ("deferred", "max_num_seqs")
 
@@ -171,7 +171,7 @@ class HeldSlots:
         first_step, last_step: the first and last held step (-1: none).
         running_max, waiting_max: most running / waiting in a held step.
         tokens_min, tokens_max: fewest / most tokens a held step scheduled (the shape:
-            0/4,096 on a busy machine, 256/3,840 on a quiet one, design.md §7).
+            0/4,096 on a busy machine, 256/3,840 on a quiet one, measured).
         tokens_sum: tokens the held steps scheduled.
         reasons: held steps per head_blocked_by reason.
     """

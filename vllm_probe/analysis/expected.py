@@ -1,5 +1,5 @@
-"""What the user expected against what the engine ran with (seed notes §5: "I changed
-config.toml but nothing changed: command-line flags win").
+"""What the user expected against what the engine ran with ("I changed config.toml
+but nothing changed": command-line flags win).
 
 A user's file names vLLM engine arguments (``config.toml``'s ``[scheduler]``, a YAML of
 engine arguments: :class:`vllm_probe.settings.Expected`); the engine core's

@@ -76,7 +76,7 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("e2e_p90", "s", "lower", "latency.e2e_s.p90", "e2e_s", 0.9, "arrival to finish, p90"),
     Objective("held_slot_steps", "steps", "lower", None,
               doc="steps whose waiting head was held back as `deferred` (head_blocked_by): under "
-                  "AsyncScheduler, slots held by requests that produced their last token (design.md §7)"),
+                  "AsyncScheduler, slots held by requests that produced their last token"),
     Objective("reread_kv_tokens", "tokens", "lower", "chunking.reread_kv_tokens", "reread_tokens",
               doc="KV tokens re-read because prompts were chunked", total=True),
     Objective("output_tokens_per_s", "tokens/s", "higher", "output_tokens_per_s",

@@ -34,7 +34,7 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
 * **chunking**: a prompt's *chunks* are those of the prefill pass that produced its first
   token (the first pass that reached ``last``; a pass cut short by a preemption does not
   count). A prompt is *chunked* when that pass took more than one chunk. The cost of
-  chunking (seed notes §3.4: from the second chunk on, attention reads again the KV of
+  chunking (from the second chunk on, attention reads again the KV of
   every earlier position of the prompt) is counted as **KV tokens re-read**:
   for every prefill chunk ``k >= 1`` of a pass (``chunk_index >= 1``, first passes and
   recompute passes alike) with positions ``[start_k, end_k)``, its attention reads the
@@ -55,7 +55,7 @@ Definitions (event fields: docs/events.md; request timings: ``vllm_probe/analysi
   the class below it). The default boundaries are a quarter of the token budget and the
   token budget (``max_num_batched_tokens``): a *short* prompt leaves room for other work
   in its step, a *medium* one fits in one step, a *long* one cannot be prefilled in one
-  step and is chunked when chunked prefill is on (seed §5: "chunked prefill on but TTFT
+  step and is chunked when chunked prefill is on ("chunked prefill on but TTFT
   worse" is the long class getting slower while the others get faster). Also split by
   ``priority`` when the finished requests have more than one (at most
   :data:`PRIORITY_CLASSES_MAX`, the most common).

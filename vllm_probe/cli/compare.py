@@ -1,4 +1,4 @@
-"""``vllm-probe compare RUN_DIR RUN_DIR [...] [--json]``: runs side by side (seed notes §4.4).
+"""``vllm-probe compare RUN_DIR RUN_DIR [...] [--json]``: runs side by side.
 
 The differences and deltas come from :mod:`vllm_probe.analysis.compare`, the table from
 :mod:`vllm_probe.tui.compare_view`.

@@ -44,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     if settings.source is not None and settings.empty:
         print(f"vllm-probe: {settings.source}: no settings in it (every line a comment or blank): the probe's "
               f"defaults apply, and nothing is checked against the run", file=sys.stderr)
-    if settings.expected is not None:  # a misspelt engine argument: vLLM will never see it (issue 17 item 7)
+    if settings.expected is not None:  # a misspelt engine argument: vLLM will never see it
         from ..analysis.expected import ENGINE_ARG_FIELDS, closest_engine_arg, engine_arg_names
 
         for name in settings.expected.engine:

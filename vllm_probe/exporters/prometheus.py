@@ -120,7 +120,7 @@ class RunStateCollector(Collector):
         stats: the reader's counts (lines skipped), None to leave them out.
         incomplete_lines: lines still without their newline, None to leave it out.
         meta: the run's ``meta.json`` (for ``model_name``), a dict or a callable.
-        findings: the doctor's findings (part 8); ``vllm_probe_finding`` is left out
+        findings: the doctor's findings; ``vllm_probe_finding`` is left out
             until a source is given.
     """
 
@@ -238,7 +238,7 @@ class _Families:
                        "prompt's first token (chunk events).",
                        lambda e: Buckets.of_counts(e.first_pass_chunks, CHUNKS_PER_PROMPT_BOUNDS))
         self.counter("vllm_probe_kv_reread_tokens_total", "KV-cache tokens read again because prompts were "
-                     "chunked: start of every chunk after a pass's first (seed notes 3.4).",
+                     "chunked: start of every chunk after a pass's first.",
                      lambda e: e.reread_kv_tokens)
         self.counter("vllm_probe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache on "
                      "first passes (chunk.prefix_hit_tokens).", lambda e: e.prefix_hit_tokens)

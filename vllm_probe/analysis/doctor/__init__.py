@@ -3,9 +3,10 @@
 :func:`examine` reads a run (recorded or simulated) once through the shared state with
 :class:`~vllm_probe.analysis.episodes.Episodes` attached, and applies the catalogue of
 :mod:`.rules`; :func:`diagnose` applies it to any state (the dashboard's findings panel
-calls it on the live state). Each rule is one :class:`~.rule.Rule` (``RULES[id]``: mechanism, thresholds, typed
-evidence, goal, knobs, arithmetic, view). Findings are :class:`~.findings.Finding` (worst first);
-``--whatif`` predictions are attached by :mod:`.predict`.
+calls it on the live state). Each rule is one :class:`~.rule.Rule` in a file of its own
+(``RULES[id]``: mechanism, thresholds, typed evidence, goal, knobs, arithmetic, view).
+Findings are :class:`~.findings.Finding` (worst first); their remedies and the run's one
+plan are searched by the replay in :mod:`vllm_probe.advice` (:mod:`vllm_probe.advice.prescribe`).
 """
 
 from __future__ import annotations

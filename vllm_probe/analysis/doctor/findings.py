@@ -56,7 +56,7 @@ class Remedy:
         value: the suggested value, computed from the run.
         arithmetic: how the value follows from the run's numbers, one line.
         tradeoff: what the change costs, one line.
-        source: the rule's source (vLLM's tuning guide, SGLang's, the seed notes, vLLM's
+        source: the rule's source (vLLM's tuning guide, SGLang's, vLLM's
             code with file and release, or a measurement here).
         whatif: the same change in ``vllm-probe whatif --set`` names (``num_kv_blocks``
             counts blocks as ``engine_config`` does); empty when the replay cannot

@@ -28,7 +28,7 @@ def kv_remedy(eng: EngineState, ep: EngineEpisodes) -> Remedy | None:
     peak, ``n`` requests needed ``peak`` blocks: ``max_num_seqs = usable // (peak / n)``
     leads (when it is below the recorded ``max_num_seqs``), ``num_kv_blocks >= peak + 1``
     (vLLM reserves block 0) is the alternative: more blocks let admission take
-    more requests, which outgrow the larger cache in turn (design.md §7: 176 blocks
+    more requests, which outgrow the larger cache in turn (measured: 176 blocks
     needed at the peak, 181 given, still 40 preemptions of 64). When the peak fits
     (prefix-cache sharing, ``max_tokens`` unknown), ``max_num_seqs`` drops to the running
     queue left by the first preemption.

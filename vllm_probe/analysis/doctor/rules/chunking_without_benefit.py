@@ -1,7 +1,7 @@
 """``chunking-without-benefit``: long prompts cut into chunks while nothing decoded alongside.
 
 A prompt longer than the token budget is cut into prefill chunks, and each later chunk
-re-reads the KV of the earlier ones (seed notes §3.4). Chunking pays off only when decodes
+re-reads the KV of the earlier ones. Chunking pays off only when decodes
 run beside the chunks; with nothing decoding it only adds steps and KV reads.
 """
 
@@ -61,7 +61,7 @@ class ChunkingBasis(EngineBasis, kw_only=True):
 
 
 def evaluate(ctx: Context) -> list[Finding]:
-    """Long prompts chunked while nothing decoded alongside (seed notes §3.4)."""
+    """Long prompts chunked while nothing decoded alongside ."""
     out = []
     for eng, ep in engines_of(ctx):
         c = ep.chunked_alone
@@ -137,7 +137,7 @@ RULE = Rule(
     "chunking-without-benefit",
     "A prompt longer than the budget is cut into chunks (vLLM 0.32 scheduler.py, the WAITING "
     "loop schedules at most the token budget left of a prompt); each later chunk re-reads the KV "
-    "of the earlier ones (seed notes §3.4). Chunking pays off only when decodes run beside the "
+    "of the earlier ones. Chunking pays off only when decodes run beside the "
     "chunks.",
     evaluate,
     ChunkingEvidence,

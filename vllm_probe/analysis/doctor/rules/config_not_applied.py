@@ -1,6 +1,6 @@
 """``config-not-applied``: the engine ran with settings other than the file meant.
 
-Command-line flags and engine arguments win over config files (seed notes §5);
+Command-line flags and engine arguments win over config files;
 ``engine_config`` records what was in force, and the expected settings (``--expect``, or what
 ``vllm-probe run --settings`` recorded) are checked against it. A misspelt name is read as
 vLLM's closest engine argument.
@@ -183,7 +183,7 @@ def view(f: Finding) -> list[str]:
 RULE = Rule(
     "config-not-applied",
     "The engine ran with settings other than the file meant: command-line flags and engine "
-    "arguments win over config files (seed notes §5); engine_config records what was in force.",
+    "arguments win over config files; engine_config records what was in force.",
     evaluate,
     ConfigEvidence,
     arithmetic=arithmetic, view=view)

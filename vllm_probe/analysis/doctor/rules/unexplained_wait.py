@@ -25,7 +25,7 @@ from ..rule import Goal, Knob, Rule, Threshold
 
 #: "Nothing held this run back" is said only when every request was admitted within this
 #: many steps of arriving (its first prefill chunk); a longer wait that no rule explains is
-#: ``unexplained-wait`` (issue 17: the all-clear must be earned). Measured here: the
+#: ``unexplained-wait`` (the all-clear must be earned). Measured here: the
 #: longest wait in the healthy scenarios (light, lone-long-prompt) is at most 2 steps; 32
 #: leaves room for a burst admitted a few requests per step.
 ADMIT_WITHIN_STEPS = 32
