@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests._events import scenario_preempt
-from vllm_probe.analysis.compare import FIGURES, Figure, figures_for
+from vllm_probe.analysis.catalogue import Figure
+from vllm_probe.analysis.compare import FIGURES, figures_for
 from vllm_probe.analysis.paths import S, FigurePath
 from vllm_probe.analysis.summary import summarize_events
 
@@ -25,7 +26,7 @@ def test_a_misspelt_or_renamed_figure_fails_where_it_is_written():
     with pytest.raises(AttributeError, match="Latency has no figure 'ttft_p90'"):
         S.latency.ttft_p90  # noqa: B018 (the read is what raises)
     with pytest.raises(AttributeError, match="no figure 'preemption'"):
-        Figure("preemptions", "preemptions", "preemption.count")
+        Figure("preemptions", "preemptions", summary_path="preemption.count", section="preemptions")
     with pytest.raises(TypeError):
         S.preemptions["count"]
     with pytest.raises(AttributeError):

@@ -65,7 +65,7 @@ def test_offline_burst_replays_identically_and_reads_as_a_run(quick_run, tmp_pat
     assert sim_chunks == rec_chunks
     assert sim_preempts == rec_preempts
     errors = data["baseline"]["error"]["figures"]
-    for label in ("steps", "preemptions", "chunks/prompt mean"):
+    for label in ("steps", "preemptions", "chunks_per_prompt_mean"):
         assert errors[label]["value"] == errors[label]["reference"], label
     summary_json = json.loads(run_cli("summary", str(baseline), "--json").stdout)
     assert data["baseline"]["summary"] == summary_json

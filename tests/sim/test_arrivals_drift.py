@@ -99,8 +99,8 @@ def test_drift_factor_is_recovered_and_replayed(tmp_path):
     assert r.drift is not None and r.drift["range"][1] / r.drift["range"][0] == pytest.approx(1.6, rel=0.1)
     note = next(n for n in r.notes if n.startswith("drift: "))
     assert "at one speed" in note and "with the drift" in note
-    with_drift = abs(r.drift["replayed_error"]["figures"]["TTFT p90"]["error"])
-    constant = abs(r.error["figures"]["TTFT p90"]["error"])
+    with_drift = abs(r.drift["replayed_error"]["figures"]["ttft_p90"]["error"])
+    constant = abs(r.error["figures"]["ttft_p90"]["error"])
     assert with_drift < constant, (with_drift, constant)
 
 
@@ -109,16 +109,16 @@ def test_a_closed_loop_whose_think_time_outlasts_the_spacing_of_finishes_is_dete
     finish before a request is mostly another client's, so only pairing finish i with
     request i + N finds the loop (a real server run with 8 threads thinking 80 ms, finishes
     64 ms apart, read as open loop before)."""
-    from vllm_probe.sim.arrivals import _measure, detect
+    from vllm_probe.sim.arrivals import detect, measure
 
     from vllm_probe.analysis.workload import load_workload
 
     w = load_workload(closed_run(tmp_path, n_flight=8, think=0.05, n=96))
-    _, negative, _, spacing, _ = _measure(w)
-    assert spacing < 0.05 / 2, spacing  # two finishes or more during one think time
+    loop = measure(sorted(w.requests, key=lambda r: (r.stamp, r.order)))
+    assert loop.spacing < 0.05 / 2, loop.spacing  # two finishes or more during one think time
     a = detect(w)
     assert (a.kind, a.concurrency) == ("closed", 8), a.describe()
-    assert a.think_s == pytest.approx(0.05, abs=0.002) and negative == 0
+    assert a.think_s == pytest.approx(0.05, abs=0.002) and loop.negative == 0 and loop.n == 8
 
 
 def test_a_setting_that_changes_no_decision_reads_exactly_as_the_baseline(tmp_path):

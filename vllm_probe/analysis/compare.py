@@ -40,42 +40,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .expected import DIFFERS
+from .catalogue import BY_NAME, CATALOGUE, STEPS, WALL, Figure
 from .paths import S, FigurePath
 from .summary import CONFIG_KEYS, Summary
-
-#: Figure clocks: decisions of the scheduler (repeatable) or seconds (noisy).
-STEPS, WALL = "steps", "wall"
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One number of a summary: where it lives, how to show it, which way is better, and
-    its clock (:data:`STEPS` or :data:`WALL`).
-
-    ``path``: a typed path (:data:`vllm_probe.analysis.paths.S`, e.g.
-    ``S.latency.ttft_s.median``), checked against the Summary's types when the figure is
-    made; a dotted string is parsed and checked the same way. ``str(path)`` is what
-    ``compare --json`` writes.
-
-    Raises:
-        AttributeError, TypeError: the path names no figure of a Summary.
-    """
-
-    section: str
-    label: str
-    path: FigurePath
-    unit: str = ""
-    better: str | None = None  # "lower", "higher" or None (neither)
-    clock: str = STEPS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.path, FigurePath):
-            object.__setattr__(self, "path", FigurePath.parse(self.path))
-
-    def get(self, s: Summary) -> Any:
-        """The figure of ``s`` (None where it is unknown)."""
-        return self.path.get(s)
-
 
 @dataclass(frozen=True)
 class Group:
@@ -106,53 +73,9 @@ RELATIVE_TO_SETTINGS = (str(S.budget_use.median), str(S.budget_use.p90))
 #: opposite, the step group's holds (the seconds moved with the machine).
 STEP_GROUP_OF = {"latency in seconds": "latency in steps", "run time": "steps"}
 
-_F = Figure
-#: The figures ``compare`` lines up, in display order (per-class latency figures are
-#: added per comparison: :func:`figures_for`).
-FIGURES: tuple[Figure, ...] = (
-    _F("steps", "requests finished", S.requests_finished, "requests"),
-    _F("steps", "steps", S.steps, "steps", "lower"),
-    _F("steps", "tokens/step median", S.tokens_per_step.median, "tokens", "higher"),
-    _F("steps", "tokens/step p90", S.tokens_per_step.p90, "tokens", "higher"),
-    # budget use: no better direction, it falls when the budget itself grows
-    _F("steps", "budget use median", S.budget_use.median, "%"),
-    _F("steps", "budget use p90", S.budget_use.p90, "%"),
-    _F("steps", "prefill share", S.prefill_share, "%"),
-    _F("preemptions", "preemptions", S.preemptions.count, "", "lower"),
-    _F("preemptions", "requests preempted", S.preemptions.requests, "requests", "lower"),
-    _F("preemptions", "most in one step", S.preemptions.max_per_step, "", "lower"),
-    _F("preemptions", "steps with >1", S.preemptions.steps_with_several, "steps", "lower"),
-    _F("preemptions", "discarded tokens", S.preemptions.discarded_tokens, "tokens", "lower"),
-    _F("preemptions", "recomputed tokens", S.preemptions.recomputed_tokens, "tokens", "lower"),
-    _F("preemptions", "recompute tax", S.preemptions.recompute_tax, "%", "lower"),
-    _F("chunking", "prompts chunked", S.chunking.chunked_prompts, "prompts"),
-    _F("chunking", "chunks/prompt mean", S.chunking.chunks_per_prompt.mean, "chunks", "lower"),
-    _F("chunking", "chunks/prompt max", S.chunking.chunks_per_prompt.max, "chunks", "lower"),
-    _F("chunking", "KV tokens re-read", S.chunking.reread_kv_tokens, "tokens", "lower"),
-    _F("prefix cache", "hit tokens (first pass)", S.prefix_cache.hit_tokens, "tokens", "higher"),
-    _F("prefix cache", "hit share of prompt tokens", S.prefix_cache.hit_share, "%", "higher"),
-    _F("prefix cache", "hit tokens on re-admission", S.prefix_cache.resumed_hit_tokens, "tokens", "higher"),
-    _F("queues", "running median", S.queues.running.median, "requests"),
-    _F("queues", "running max", S.queues.running.max, "requests"),
-    _F("queues", "waiting median", S.queues.waiting.median, "requests", "lower"),
-    _F("queues", "waiting max", S.queues.waiting.max, "requests", "lower"),
-    _F("latency in steps", "TTFT median (steps)", S.latency.ttft_steps.median, "steps", "lower"),
-    _F("latency in steps", "TTFT p90 (steps)", S.latency.ttft_steps.p90, "steps", "lower"),
-    _F("latency in seconds", "queue time median", S.latency.queue_s.median, "s", "lower", WALL),
-    _F("latency in seconds", "queue time p90", S.latency.queue_s.p90, "s", "lower", WALL),
-    _F("latency in seconds", "TTFT median", S.latency.ttft_s.median, "s", "lower", WALL),
-    _F("latency in seconds", "TTFT p90", S.latency.ttft_s.p90, "s", "lower", WALL),
-    _F("latency in seconds", "TTFT max", S.latency.ttft_s.max, "s", "lower", WALL),
-    _F("latency in seconds", "end-to-end median", S.latency.e2e_s.median, "s", "lower", WALL),
-    _F("latency in seconds", "end-to-end p90", S.latency.e2e_s.p90, "s", "lower", WALL),
-    _F("latency in seconds", "decode time median", S.latency.decode_s.median, "s", "lower", WALL),
-    _F("latency in seconds", "inter-token median", S.latency.itl_s.median, "s", "lower", WALL),
-    _F("run time", "duration", S.duration_s, "s", "lower", WALL),
-    _F("run time", "output tokens/s", S.output_tokens_per_s, "tok/s", "higher", WALL),
-    _F("run time", "schedule() mean", S.schedule_us.mean, "µs", "lower", WALL),
-    _F("bound", "bound by", S.bound_most, ""),
-)
-del _F
+#: The figures ``compare`` lines up, in display order: the catalogue's with a section
+#: (per-class latency figures are added per comparison: :func:`figures_for`).
+FIGURES: tuple[Figure, ...] = tuple(f for f in CATALOGUE if f.section is not None)
 
 
 def figures_for(summaries: list[Summary]) -> list[Figure]:
@@ -164,21 +87,21 @@ def figures_for(summaries: list[Summary]) -> list[Figure]:
     extra_steps: list[Figure] = []
     extra_wall: list[Figure] = []
 
-    def add(path: FigurePath, name: str) -> None:
-        extra_steps.append(Figure("latency in steps", f"TTFT median (steps) · {name}", path.ttft_steps.median,
-                                  "steps", "lower"))
-        extra_wall.append(Figure("latency in seconds", f"TTFT median · {name}", path.ttft_s.median, "s",
-                                 "lower", WALL))
-        extra_wall.append(Figure("latency in seconds", f"end-to-end median · {name}", path.e2e_s.median, "s",
-                                 "lower", WALL))
+    def add(path: FigurePath, name: str, key: str) -> None:
+        extra_steps.append(Figure(f"ttft_steps_p50.{key}", f"TTFT median (steps) · {name}", "steps", "lower",
+                                  section="latency in steps", path=path.ttft_steps.median))
+        extra_wall.append(Figure(f"ttft_p50.{key}", f"TTFT median · {name}", "s", "lower", section="latency in seconds",
+                                 clock=WALL, path=path.ttft_s.median))
+        extra_wall.append(Figure(f"e2e_p50.{key}", f"end-to-end median · {name}", "s", "lower",
+                                 section="latency in seconds", clock=WALL, path=path.e2e_s.median))
 
     used = [i for i, c in enumerate(base.latency_classes.classes)
             if any(i < len(s.latency_classes.classes) and s.latency_classes.classes[i].n for s in summaries)]
     if len(used) > 1:
         for i in used:
-            add(S.latency_classes.classes[i], f"{base.latency_classes.classes[i].name} prompts")
+            add(S.latency_classes.classes[i], f"{base.latency_classes.classes[i].name} prompts", f"class{i}")
     for i, c in enumerate(base.latency_by_priority):
-        add(S.latency_by_priority[i], c.name)
+        add(S.latency_by_priority[i], c.name, f"priority{i}")
     out: list[Figure] = []
     for f in FIGURES:
         out.append(f)
@@ -195,9 +118,9 @@ FIGURE: dict[str, Figure] = {f.label: f for f in FIGURES}
 
 def relative_errors(reference: Summary, other: Summary, tolerances: dict[str, float]) -> dict[str, Any]:
     """How far ``other`` is from ``reference`` on the figures named in ``tolerances``
-    (label → largest relative error accepted, e.g. ``{"steps": 0.02}``).
+    (catalogue name → largest relative error accepted, e.g. ``{"steps": 0.02}``).
 
-    Returns ``{"figures": {label: {"reference", "value", "error", "tolerance",
+    Returns ``{"figures": {name: {"reference", "value", "error", "tolerance",
     "within"}}, "within": all within}``; ``error`` is :func:`delta`'s relative delta
     (None when the reference is 0 or either value is unknown). A figure is within when
     ``|value - reference| <= tolerance × |reference|`` (so a reference of 0 needs an equal
@@ -205,7 +128,7 @@ def relative_errors(reference: Summary, other: Summary, tolerances: dict[str, fl
     """
     rows = {}
     for label, tol in tolerances.items():
-        f = FIGURE[label]
+        f = BY_NAME[label]
         ref, val = f.get(reference), f.get(other)
         d, rel, _ = delta(f, ref, val)
         if d is None:
@@ -321,12 +244,12 @@ def machine_ratio(base: Summary, other: Summary) -> float | None:
 
 
 #: Units of wall-clock figures that are rates (more per second): a slower host divides them.
-RATE_UNITS = ("tok/s",)
+RATE_UNITS = ("tokens/s",)
 
 
 def machine_share(figure: Figure, ratio: float | None) -> float | None:
     """The relative change of a wall-clock figure that a host ``ratio`` times slower
-    explains on its own, to first order: a time (s, µs) by ``ratio − 1``, a rate (tok/s) by
+    explains on its own, to first order: a time (s, µs) by ``ratio − 1``, a rate (tokens/s) by
     ``1 / ratio − 1`` (0.30: +30 %). None for a step figure or an unknown ratio."""
     if figure.clock != WALL or ratio is None:
         return None
@@ -449,7 +372,8 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
     figures = []
     for f in figures_for(summaries):
         values = [f.get(s) for s in summaries]
-        row: dict[str, Any] = {"section": f.section, "figure": f.label, "path": str(f.path), "unit": f.unit,
+        row: dict[str, Any] = {"section": f.section, "name": f.name, "figure": f.label, "path": str(f.path),
+                               "unit": f.unit,
                                "better": f.better, "clock": f.clock, "values": values, "deltas": []}
         for v, threshold, ratio in zip(values[1:], thresholds, ratios):
             d, rel, verdict = delta(f, values[0], v)

@@ -1,11 +1,12 @@
 """The figures goals, SLOs and objectives are written in, measured on a run.
 
-One name per figure, shared by the doctor's goals (:class:`vllm_probe.analysis.doctor.rule.Goal`),
-``vllm-probe tune --slo FIGURE<=VALUE`` and ``--maximize/--minimize FIGURE``. Each
-:class:`Objective` says its unit, which way is better, and where the analysis already
-has it: a path into the run's :class:`~vllm_probe.analysis.summary.Summary`, or a
-per-request field of :class:`~vllm_probe.analysis.requests.RequestState` (queue time,
-TTFT, mean inter-token time, end-to-end latency) when the figure is a quantile the
+The catalogue's figures marked ``objective`` (:mod:`vllm_probe.analysis.catalogue`: one
+name per figure), shared by the doctor's goals (:class:`vllm_probe.analysis.doctor.rule.Goal`),
+``vllm-probe tune --slo FIGURE<=VALUE`` and ``--maximize/--minimize FIGURE``. Each says its
+unit, which way is better, and where the analysis already has it: a path into the run's
+:class:`~vllm_probe.analysis.summary.Summary`, or a per-request field of
+:class:`~vllm_probe.analysis.requests.RequestState` (queue time, TTFT, mean inter-token
+time, end-to-end latency) when the figure is a quantile the
 summary does not keep (p99) or is asked over a subset of the requests. Nothing here
 computes a figure the analysis has: quantiles of per-request rows use
 :func:`vllm_probe.analysis.figures.quantile`, the summary's own method (linear
@@ -19,81 +20,26 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..runs.reader import ReadStats, iter_file
 from ..runs.rundir import event_files
+from .catalogue import CATALOGUE, Figure
 from .figures import quantile
 from .requests import RequestState
 from .state import RunState
 from .summary import Summary, summarize
 
 
-@dataclass(frozen=True)
-class Objective:
-    """One figure.
-
-    Attributes:
-        name: the public name (``ttft_p90``).
-        unit: ``s``, ``tokens/s``, ``steps``, ``blocks``, ``tokens``, ``preemptions``.
-        better: ``lower`` or ``higher``.
-        summary_path: dotted path in :class:`Summary` (None: per-request only).
-        request_field: :class:`RequestState` property for a subset (None: run-wide only).
-        q: the quantile of ``request_field`` (0.5, 0.9, 0.99); None with ``total``.
-        doc: one line.
-        total: over some requests, the sum of ``request_field`` (a count), not a quantile.
-    """
-
-    name: str
-    unit: str
-    better: str
-    summary_path: str | None
-    request_field: str | None = None
-    q: float | None = None
-    doc: str = ""
-    total: bool = False
-
-
-OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
-    Objective("preemptions", "preemptions", "lower", "preemptions.count", doc="preempt events of the run"),
-    Objective("worst_request_preemptions", "preemptions", "lower", "preemptions.worst_preemptions",
-              doc="preemptions of the most preempted request"),
-    Objective("ttft_p50", "s", "lower", "latency.ttft_s.median", "ttft_s", 0.5, "time to first token, median"),
-    Objective("ttft_max", "s", "lower", "latency.ttft_s.max", doc="time to first token, the longest"),
-    Objective("ttft_p90", "s", "lower", "latency.ttft_s.p90", "ttft_s", 0.9, "time to first token, p90"),
-    Objective("ttft_p99", "s", "lower", None, "ttft_s", 0.99, "time to first token, p99 (per-request rows)"),
-    Objective("queue_p50", "s", "lower", "latency.queue_s.median", "queue_time_s", 0.5,
-              "arrival to first scheduled chunk, median"),
-    Objective("queue_p90", "s", "lower", "latency.queue_s.p90", "queue_time_s", 0.9,
-              "arrival to first scheduled chunk, p90"),
-    Objective("itl_p50", "s", "lower", "latency.itl_s.median", "mean_itl_s", 0.5,
-              "per-request mean inter-token time, median"),
-    Objective("itl_p90", "s", "lower", "latency.itl_s.p90", "mean_itl_s", 0.9,
-              "per-request mean inter-token time, p90"),
-    Objective("e2e_p50", "s", "lower", "latency.e2e_s.median", "e2e_s", 0.5, "arrival to finish, median"),
-    Objective("e2e_p90", "s", "lower", "latency.e2e_s.p90", "e2e_s", 0.9, "arrival to finish, p90"),
-    Objective("held_slot_steps", "steps", "lower", None,
-              doc="steps whose waiting head was held back as `deferred` (head_blocked_by): under "
-                  "AsyncScheduler, slots held by requests that produced their last token"),
-    Objective("reread_kv_tokens", "tokens", "lower", "chunking.reread_kv_tokens", "reread_tokens",
-              doc="KV tokens re-read because prompts were chunked", total=True),
-    Objective("output_tokens_per_s", "tokens/s", "higher", "output_tokens_per_s",
-              doc="output tokens of finished requests / duration"),
-    Objective("duration_s", "s", "lower", "duration_s", doc="first step's start to last step"),
-    Objective("steps", "steps", "lower", "steps", doc="scheduler steps"),
-    Objective("num_kv_blocks", "blocks", "lower", "config.num_kv_blocks", doc="KV-cache blocks of the engine"),
-)}
+#: A figure goals, SLOs and objectives are written in: an entry of the catalogue.
+Objective = Figure
+#: The catalogue's figures marked ``objective``, by name.
+OBJECTIVES: dict[str, Objective] = {f.name: f for f in CATALOGUE if f.objective}
 
 
 class ObjectiveError(ValueError):
     """An unknown figure name; the message is one line with the known names."""
-
-
-#: Objective names by the summary path they read (``"latency.ttft_s.p90"`` → ``ttft_p90``):
-#: how a row of ``compare``'s table finds its figure's name.
-BY_SUMMARY_PATH: dict[str, str] = {o.summary_path: n for n, o in OBJECTIVES.items() if o.summary_path}
 
 
 def objective(name: str) -> Objective:
@@ -194,5 +140,5 @@ def better(name: str, a: float | None, b: float | None) -> bool:
     return a < b if objective(name).better == "lower" else a > b
 
 
-__all__ = ["BY_SUMMARY_PATH", "OBJECTIVES", "Objective", "ObjectiveError", "better", "from_rows", "from_summary",
+__all__ = ["OBJECTIVES", "Objective", "ObjectiveError", "better", "from_rows", "from_summary",
            "measure", "objective", "request_rows"]

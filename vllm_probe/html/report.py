@@ -36,6 +36,7 @@ from bokeh.resources import INLINE
 from jinja2 import Template
 
 from .. import __version__
+from ..analysis.catalogue import BY_NAME
 from ..analysis.text import fmt_duration, fmt_figure
 from ..analysis.objectives import OBJECTIVES
 from ..analysis.report import RunPage, Sweep
@@ -43,25 +44,10 @@ from ..analysis.summary import CONFIG_KEYS
 from ..exporters.base import output_stream
 from .charts import STEPS_RANGE, TIME_RANGE, chunks_chart, latency_charts, lines_of, sweep_charts, timelines
 
-#: The totals the page shows (a test compares them with ``summary --json``): key,
-#: label, the path into the summary, its unit.
-TOTALS = (
-    ("steps", "steps", "steps", ""),
-    ("duration_s", "duration (first step's start to the last step)", "duration_s", "s"),
-    ("requests_added", "requests added", "requests_added", ""),
-    ("requests_finished", "requests finished", "requests_finished", ""),
-    ("prompt_tokens", "prompt tokens (finished requests)", "prompt_tokens", ""),
-    ("output_tokens", "output tokens (finished requests)", "output_tokens", ""),
-    ("scheduled_tokens", "tokens scheduled", "scheduled_tokens", ""),
-    ("prefill_tokens", "of them prefill", "prefill_tokens", ""),
-    ("decode_tokens", "of them decode", "decode_tokens", ""),
-    ("chunks", "prefill chunks", "chunking.chunks", ""),
-    ("preemptions", "preemptions", "preemptions.count", ""),
-    ("preempted_requests", "requests preempted", "preemptions.requests", ""),
-    ("discarded_tokens", "computed tokens discarded by preemptions", "preemptions.discarded_tokens", ""),
-    ("recomputed_tokens", "tokens recomputed", "preemptions.recomputed_tokens", ""),
-    ("output_tokens_per_s", "output tokens per second", "output_tokens_per_s", "tok/s"),
-)
+#: The totals the page shows, by catalogue name (a test compares them with ``summary --json``).
+TOTALS = ("steps", "duration_s", "requests_added", "requests_finished", "prompt_tokens", "output_tokens",
+          "scheduled_tokens", "prefill_tokens", "decode_tokens", "chunks", "preemptions", "requests_preempted",
+          "discarded_tokens", "recomputed_tokens", "output_tokens_per_s")
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0 auto; max-width: 1500px;
@@ -190,7 +176,7 @@ def _fmt(v: Any, unit: str = "") -> str:
         return "-"
     if unit == "s":
         return fmt_duration(v)
-    if unit == "tok/s":
+    if unit == "tokens/s":
         return f"{v:,.1f}"
     if isinstance(v, (bool, str)):
         return fmt_figure(v)
@@ -329,10 +315,12 @@ def _header(runs: list[RunPage]) -> str:
     out.append("<div><h3>Effective settings (engine_config)</h3><table><tr><th></th>" + _cols(runs) + "</tr>"
                + "".join(rows) + "</table></div>")
     rows = []
-    for key, label, path, unit in TOTALS:
+    for key in TOTALS:
+        figure = BY_NAME[key]
+        label, unit = figure.label, figure.unit
         cells = []
         for i, r in enumerate(runs):
-            v = _path(r.summary, path)
+            v = _path(r.summary, figure.summary_path or key)
             raw = "" if v is None else repr(v) if isinstance(v, float) else str(v)
             cells.append(f"<td class='num' data-total='{key}' data-run='{i}' data-value='{_e(raw)}'>"
                          f"{_fmt(v, unit)}</td>")

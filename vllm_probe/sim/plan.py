@@ -43,16 +43,16 @@ from .arrivals import Arrivals, ArrivalsError
 from .profile import Profile, ProfileError
 from .stepmodel import DriftModel, StepTimeModel, drift_factors, fit, fit_level
 
-#: The baseline replay's largest accepted relative error per figure (labels of
-#: :data:`vllm_probe.analysis.compare.FIGURES`): the issue's targets, 2 % for
-#: scheduling figures and 5 % for throughput and time to first token.
+#: The baseline replay's largest accepted relative error per figure (names of
+#: :mod:`vllm_probe.analysis.catalogue`): 2 % for scheduling figures, 5 % for throughput
+#: and time to first token.
 BASELINE_TOLERANCES = {
     "steps": 0.02,
     "preemptions": 0.02,
-    "chunks/prompt mean": 0.02,
-    "output tokens/s": 0.05,
-    "TTFT median": 0.05,
-    "TTFT p90": 0.05,
+    "chunks_per_prompt_mean": 0.02,
+    "output_tokens_per_s": 0.05,
+    "ttft_p50": 0.05,
+    "ttft_p90": 0.05,
 }
 
 #: Above this drift of the recorded run's speed (:attr:`~vllm_probe.sim.stepmodel.Quality.drift`)

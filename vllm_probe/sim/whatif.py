@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..analysis.catalogue import BY_NAME
 from ..analysis.objectives import measure
 from ..analysis.summary import Summary
 from ..analysis.workload import WorkloadError
@@ -221,10 +222,10 @@ def _drift_note(drift: float, error: dict[str, Any], replayed: dict[str, Any]) -
     """How much of the baseline's error is drift: the TTFT errors at the run's average speed
     (the baseline's) and with the recording's speed over time."""
     parts = []
-    for label in ("TTFT median", "TTFT p90", "output tokens/s"):
-        a, b = replayed["figures"][label]["error"], error["figures"][label]["error"]
+    for name in ("ttft_p50", "ttft_p90", "output_tokens_per_s"):
+        a, b = replayed["figures"][name]["error"], error["figures"][name]["error"]
         if a is not None and b is not None:
-            parts.append(f"{label} {b * 100:+.1f} % at one speed, {a * 100:+.1f} % with the drift")
+            parts.append(f"{BY_NAME[name].label} {b * 100:+.1f} % at one speed, {a * 100:+.1f} % with the drift")
     return (f"drift: the recording's speed moved by up to ±{drift * 100:.0f} % over the run; the baseline and every "
             "prediction replay its average speed, and the recording's speed per tenth of the run replayed gives: "
             + "; ".join(parts) + " — the difference is the drift's share of the baseline error")

@@ -15,7 +15,8 @@ from rich.console import Group as RichGroup
 from rich.table import Table
 from rich.text import Text
 
-from ..analysis.compare import GROUPS, STEPS, WALL, Figure, comparison, delta
+from ..analysis.catalogue import STEPS, WALL, Figure
+from ..analysis.compare import GROUPS, comparison, delta
 from ..analysis.summary import Summary
 from .format import figure, pct, prompt_class, signed, signed_pct
 

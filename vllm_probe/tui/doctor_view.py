@@ -16,6 +16,7 @@ from rich.text import Text
 
 from ..analysis.doctor import CRITICAL, INFO, RULES, WARNING, Finding, Report
 from ..analysis.doctor.findings import BaselineError, Prediction, known
+from ..analysis.catalogue import label_of
 from ..schema.engine_settings import BY_NAME
 from .charts import line, sep
 from .format import count, figure, signed_pct, with_range
@@ -67,11 +68,11 @@ def baseline_line(error: BaselineError | None, stretch: dict | None = None) -> T
         head += f"on steps {stretch['first_step']:,}–{stretch['last_step']:,} of {stretch['of_steps']:,}, "
     if not error:
         return Text(head + "no baseline comparison", style="dim")
-    figs = ", ".join(f"{label} " + ("=" if e == 0 else "-" if e is None else signed_pct(e))
-                     for label, e in error.figures.items())
+    figs = ", ".join(f"{label_of(name)} " + ("=" if e == 0 else "-" if e is None else signed_pct(e))
+                     for name, e in error.figures.items())
     if error.within:
         return Text(head + f"at the recorded settings it matched the run within its thresholds ({figs})", style="dim")
-    return Text(head + f"at the recorded settings it is off on {', '.join(error.off)} ({figs}): "
+    return Text(head + f"at the recorded settings it is off on {', '.join(label_of(n) for n in error.off)} ({figs}): "
                 "take those predicted figures as rough (docs/whatif.md)", style="yellow")
 
 

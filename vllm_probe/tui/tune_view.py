@@ -15,6 +15,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.catalogue import label_of
 from ..analysis.objectives import objective
 from .format import signed_pct, with_range
 from .whatif_view import outside_line, step_time_model_line
@@ -55,8 +56,8 @@ def render(d: dict[str, Any]) -> RenderableType:
     parts.append(Text(f"SLOs: {slo_text} · {d['objective']['direction']} {obj} · knobs: "
                       + "; ".join(f"{k['setting']} {k['values']}" for k in d["knobs"]), style="dim"))
     err = d["baseline"]["error"]
-    figs = ", ".join(f"{label} " + ("-" if row.get("error") is None else signed_pct(row["error"]))
-                     for label, row in err.get("figures", {}).items())
+    figs = ", ".join(f"{label_of(name)} " + ("-" if row.get("error") is None else signed_pct(row["error"]))
+                     for name, row in err.get("figures", {}).items())
     trust = ("the replay at the recorded settings matched the run within its thresholds" if err.get("within")
              else "the replay at the recorded settings is off its thresholds: take the predicted figures as rough")
     parts.append(Text(f"baseline: {trust} ({figs})", style="dim" if err.get("within") else "yellow"))

@@ -17,8 +17,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..analysis.catalogue import BY_NAME
 from ..analysis.compare import FIGURE
-from ..analysis.objectives import BY_SUMMARY_PATH
 from .compare_view import fmt_delta
 from .format import figure, with_range
 
@@ -58,8 +58,8 @@ def _baseline(error: dict[str, Any], trace: bool) -> list[Any]:
     for col in ("recorded", "replayed", "error", "threshold", ""):
         t.add_column(col, justify="right", no_wrap=True)
     off = []
-    for label, row in error["figures"].items():
-        unit = FIGURE[label].unit
+    for name, row in error["figures"].items():
+        unit, label = BY_NAME[name].unit, BY_NAME[name].label
         err = row["error"]
         err_text = "-" if err is None else f"{err * 100:+.1f}%".replace("-", "−")
         if row["value"] == row["reference"]:
@@ -174,7 +174,7 @@ def _table(result: Any, runs: list[tuple[str, Any]], page: list[int], title: str
         t.add_section()
     for label in ROWS:
         f = FIGURE[label]
-        figure_name = BY_SUMMARY_PATH.get(str(f.path), "")
+        figure_name = f.name
         base = f.get(result.baseline.summary)
         base_iv = result.baseline.intervals.get(figure_name)
         cells = [figure(f.get(runs[0][1]), f.unit), with_interval(base, base_iv, f.unit)]
