@@ -93,9 +93,9 @@ VALUES = [
 
 
 def _ours(obj):
-    from vllm_probe.engine.sink import _dumps
+    from vllm_probe.engine.encoding import dumps
 
-    return structlog.processors.JSONRenderer(serializer=_dumps)(None, "msg", obj)
+    return structlog.processors.JSONRenderer(serializer=dumps)(None, "msg", obj)
 
 
 @pytest.mark.parametrize("value", VALUES, ids=lambda v: type(v).__name__ + ":" + ascii(v)[:20])
@@ -130,7 +130,7 @@ def test_the_probes_own_events_take_msgspecs_path(monkeypatch):
     the hooks do not emit, bar the rare null or exotic float)."""
     from pathlib import Path
 
-    from vllm_probe.engine import sink as sink_module
+    from vllm_probe.engine import encoding as sink_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("json.dumps was used")
