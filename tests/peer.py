@@ -157,7 +157,12 @@ def run_pytest(tree: Path, hub: Path, probe: bool, work: Path, src: Path | None,
     for p in (junit, rows):
         p.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLMPROBE_")}
-    paths = ([str(src)] if src else []) + [str(ROOT / "tests"), str(ROOT)]
+    # the plugin alone on the path: this project's tests/ holds packages named like the
+    # standard library's (tests/html shadows `html`, which networkx imports under torch)
+    plugin_dir = work / "plugin"
+    plugin_dir.mkdir(exist_ok=True)
+    (plugin_dir / "_peer_plugin.py").write_bytes((ROOT / "tests" / "_peer_plugin.py").read_bytes())
+    paths = ([str(src)] if src else []) + [str(plugin_dir), str(ROOT)]
     env.update(PYTHONPATH=os.pathsep.join(paths), HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub),
                TRANSFORMERS_OFFLINE="1", VLLM_LOGGING_LEVEL="ERROR")
     if probe:

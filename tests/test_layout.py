@@ -200,3 +200,16 @@ def test_no_module_outside_the_rules_defines_a_rule():
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "Rule":
                 bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert bad == []
+
+
+def test_no_module_imports_another_modules_private_name():
+    """``from .x import _y`` across modules makes ``_y`` an interface nobody declared: a
+    name another module needs is public (tests may reach into a module's privates)."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {alias.name}")
+    assert bad == []

@@ -32,7 +32,7 @@ _DIGEST = re.compile(rb'"[0-9a-f]{16}"')
 #: line is the old one once the field and its leading ", " are cut).
 ADDED_SINCE = re.compile(rb', "head_blocked_by": "[a-z_]+"|, "platform": "[a-z]+"|, "max_segment_mb": [0-9.]+, '
                          rb'"rotate_every_s": [0-9.a-z]+, "compress_segments": [a-z]+, "keep_mb": [0-9.a-z]+, '
-                         rb'"keep_hours": [0-9.a-z]+|, "speed_mark_us": _')
+                         rb'"keep_hours": [0-9.a-z]+|, "speed_mark_us": _|, "output_block_digests": \[[^\]]*\]')
 
 
 def mask(data: bytes) -> bytes:

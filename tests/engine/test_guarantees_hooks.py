@@ -271,13 +271,16 @@ def test_untested_release_is_said_once(plugin_env, monkeypatch, caplog):
 
     from vllm_probe.sim import harness as testing
 
-    monkeypatch.setattr(vllm, "__version__", "0.34.0")  # newer than compat.NEWEST_TESTED
+    from vllm_probe.engine.compat import NEWEST_TESTED
+
+    untested = f"{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}.0"  # the minor after the matrix's newest
+    monkeypatch.setattr(vllm, "__version__", untested)
     caplog.set_level(logging.WARNING, logger="vllm_probe")
     plugin.register()
     for _ in range(2):  # two schedulers in one process: still one line
         testing.make_scheduler(testing.SchedulerSpec(**SPEC))
     assert probe_warnings(caplog) == [
-        "vllm-probe: vLLM 0.34.0 has not been tested with this probe; see docs/compatibility.md"
+        f"vllm-probe: vLLM {untested} has not been tested with this probe; see docs/compatibility.md"
     ]
 
 

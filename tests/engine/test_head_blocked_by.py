@@ -262,7 +262,7 @@ def _async_drive(d: Driver, steps: int) -> list[tuple[str | None, str | None]]:
     (0.32 scheduler.py:659-673): a request whose last token is in flight is skipped but
     keeps its slot. When the cap is reached only because of such requests, the head
     waits for that output (deferred), not for a max_num_seqs slot."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm_probe.sim.harness import model_runner_output
 
     s, cap = d.s, d.spec.max_num_seqs
     pending: deque = deque()
@@ -286,12 +286,7 @@ def _async_drive(d: Driver, steps: int) -> list[tuple[str | None, str | None]]:
         while len(pending) == 2 or (pending and not s.has_requests()):
             o, ids = pending.popleft()
             req_ids = list(o.num_scheduled_tokens)
-            kw = dict(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                      sampled_token_ids=[[7] if r in ids else [] for r in req_ids],
-                      logprobs=None, prompt_logprobs_dict={})
-            if "pooler_output" in inspect.signature(ModelRunnerOutput).parameters:
-                kw["pooler_output"] = []
-            s.update_from_output(o, ModelRunnerOutput(**kw))
+            s.update_from_output(o, model_runner_output(req_ids, [[7] if r in ids else [] for r in req_ids]))
         if not s.has_requests():
             break
     return rows

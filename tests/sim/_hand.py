@@ -42,6 +42,25 @@ def poisson(n: int = 40, rate: float = 40.0, seed: int = 5, t0: float = 1000.0, 
     return reqs
 
 
+def with_think(reqs: list[WorkloadRequest], think: Callable[[random.Random], float], seed: int = 1
+               ) -> list[WorkloadRequest]:
+    """``reqs`` whose client waits ``think(rng)`` s (its think time and turnaround) between a
+    finish and the request it sends, request by request (a recording's closed loop uses it)."""
+    rng = random.Random(seed)
+    for r in reqs:
+        r.think_s = think(rng)
+    return reqs
+
+
+def burst(n: int, at: float, seed: int = 8, first_order: int = 0, prefix: str = "b") -> list[WorkloadRequest]:
+    """``n`` requests all stamped at ``at`` (epoch s), numbered from ``first_order``."""
+    reqs = poisson(n=n, rate=1e6, seed=seed, t0=at)
+    for k, r in enumerate(reqs):
+        r.order, r.req_id = first_order + k, f"{prefix}{k}"
+        r.arrival_ts = r.added_ts = at
+    return reqs
+
+
 def workload(reqs: list[WorkloadRequest]) -> Workload:
     return Workload("hand-made", {"scheduler_class": "Scheduler", "hash_block_size": 16}, reqs)
 

@@ -63,7 +63,7 @@ class StepRecord:
 #: What a ``head_blocked_by`` value a newer probe may write (not one of
 #: :data:`~vllm_probe.schema.events.HEAD_BLOCKED_REASONS`) is counted as.
 OTHER_REASON = "other"
-_KNOWN_REASONS = frozenset(HEAD_BLOCKED_REASONS)
+KNOWN_REASONS = frozenset(HEAD_BLOCKED_REASONS)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 
 from ..schema.records import STRUCTS
 from .engine_state import (
-    _KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
+    KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
 )
 from .figures import chunk_reread_tokens, preempt_reason, share
 from .timeline import FULL_BUDGET_SHARE, MAX_SPANS
@@ -293,7 +293,7 @@ class RunState:
         eng.bound_counts[bound] += 1
         blocked = ev.head_blocked_by
         if blocked is not None:
-            if blocked not in _KNOWN_REASONS:
+            if blocked not in KNOWN_REASONS:
                 blocked = OTHER_REASON
             counts = eng.head_blocked_counts
             counts[blocked] = counts.get(blocked, 0) + 1

@@ -64,11 +64,20 @@ class WorkloadRequest:
     finish_step: int | None = None
     finish_ts: float | None = None
     block_digests: list[str] | None = None
+    #: digests of the full blocks past the prompt's at its finish (its answer's blocks,
+    #: ``request_finished.output_block_digests``): a later prompt that repeats them hits them
+    output_digests: list[str] | None = None
     #: availability window, see :func:`availability_windows` (epoch s)
     idle_add: bool = False
     avail_lo: float | None = None
     avail_hi: float | None = None
     anchored: bool = False
+    #: the closed-loop client that sent it, a key of :attr:`Workload.clients` (set by
+    #: :func:`vllm_probe.sim.arrivals.resolve`); None: sent at its recorded time
+    client: int | None = None
+    #: s from the finish that sent it to its stamp, as recorded (its client's think time
+    #: and turnaround); None: its client's median
+    think_s: float | None = None
 
     @property
     def unfinished(self) -> bool:
@@ -127,6 +136,7 @@ class Workload:
             attention terms and exactness checks need them).
         block_tokens: tokens per entry of the requests' ``block_digests`` (None: the
             engine's ``hash_block_size``; a timed trace's hash ids cover their own size).
+        clients: the closed-loop clients the replay runs (the requests' ``client``).
     """
 
     source: str
@@ -138,6 +148,9 @@ class Workload:
     last_step: int = -1
     chunk_events: bool = True
     block_tokens: int | None = None
+    #: closed-loop clients, ``{client: (requests in flight, median think time s)}``, as
+    #: :func:`vllm_probe.sim.arrivals.resolve` found or was told them (empty: none)
+    clients: dict[int, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def t0(self) -> float:
@@ -251,6 +264,7 @@ def workload_of(records: Iterable[Any], source: str = "") -> Workload:
                 r.finish_reason = rec.reason or "stop"
                 r.finish_step = rec.step
                 r.finish_ts = rec.ts
+                r.output_digests = list(rec.output_block_digests) if rec.output_block_digests else None
         elif kind == ENGINE_CONFIG.name and config is None:
             config = {k: v for k, v in _fields(rec).items() if v is not None}
     if config is None:
@@ -289,7 +303,10 @@ def availability_windows(w: Workload) -> None:
     ``schedule()``, so ``added_ts`` is censored: a request added before step ``k`` while
     the engine was busy became available somewhere in ``(start[k-1], start[k]]``. One
     that reached an idle engine core (nothing unfinished) woke it: step ``k`` began as
-    soon as it could, so its availability is ``start[k]`` itself.
+    soon as it could, so its availability is ``start[k]`` itself, and so is that of the
+    others added before step ``k`` (the engine core drains its input queue once it wakes:
+    they came after the one that woke it; a window reaching back to ``start[k-1]`` would
+    let a replay start step ``k`` with one of them alone).
 
     *Anchored*: requests added before step 0 or 1 whose front-end stamp precedes the
     start of step 1: the burst of an offline ``LLM.generate`` call, whose first request
@@ -304,6 +321,7 @@ def availability_windows(w: Workload) -> None:
             finished_by[r.finish_step + 1] = finished_by.get(r.finish_step + 1, 0) + 1
     fin_steps = sorted(finished_by.items())
     added = finished = fi = 0
+    woken = None  # the step an idle engine core was woken for
     s1 = start.get(1)
     for r in sorted(w.requests, key=lambda r: (r.add_before_step, r.order)):
         k = r.add_before_step
@@ -312,7 +330,10 @@ def availability_windows(w: Workload) -> None:
             fi += 1
         r.idle_add = added == finished
         added += 1  # noqa: SIM113 - read above, before this request counts
+        if r.idle_add:
+            woken = k
         hi = start.get(k, r.added_ts)
         r.avail_hi = hi
-        r.avail_lo = hi if (r.idle_add or k - 1 not in start) else start[k - 1] + 1e-6
+        # drained with the request that woke the engine: it came after that one, by start[k]
+        r.avail_lo = hi if (r.idle_add or k == woken or k - 1 not in start) else start[k - 1] + 1e-6
         r.anchored = k <= 1 and s1 is not None and r.arrival_ts is not None and r.arrival_ts <= s1

@@ -34,8 +34,9 @@ the budget), and the async rule above replaces vLLM's literal ``max_num_seqs``.
 The release differences (where the head is, the admission cap, the pause states,
 which prefill deferrals exist) are entries of :data:`vllm_probe.engine.compat.DIFFERENCES`;
 :class:`AdmissionProfile` reads them from the scheduler once, in the ``__init__`` hook.
-Validated on the real scheduler of every minor release 0.12–0.33 (tests/engine/test_head_blocked_by.py,
-run by the compatibility suite). Known limits are listed in docs/events.md under ``step``.
+Validated on the real scheduler of every minor release of the compatibility matrix
+(tests/engine/test_head_blocked_by.py, run by the compatibility suite; docs/compatibility.md).
+Known limits are listed in docs/events.md under ``step``.
 """
 
 from __future__ import annotations
@@ -116,6 +117,22 @@ def _head_kv_holding_deque(s: Any) -> Any:
     return _first(q, 0) if _len(q) else None
 
 
+def _head_async_kv(s: Any) -> Any:
+    """0.34+ with ``max_num_inflight_kv_loads`` and a KV connector: after
+    ``kv_holding_waiting``, the earlier of the ``waiting`` and ``async_kv_waiting`` heads
+    (``Scheduler._next_waiting_queue``: by arrival under FCFS, the smaller under priority)."""
+    if s.kv_holding_waiting:
+        return s.kv_holding_waiting.peek_request()
+    a, b = s.waiting, s.async_kv_waiting
+    if a and b:
+        ra, rb = a.peek_request(), b.peek_request()
+        if s.policy.name == "PRIORITY":
+            return rb if rb < ra else ra
+        return rb if rb.arrival_time < ra.arrival_time else ra
+    q = a or b
+    return q.peek_request() if q else None
+
+
 class AdmissionProfile:
     """What one scheduler's release offers, read once (:meth:`of`); the per-step
     :func:`head_blocked_by` only reads the attributes named here.
@@ -129,9 +146,13 @@ class AdmissionProfile:
     def __init__(self, sched: Any, version: str) -> None:
         v = parse_version(version)
         sc = sched.scheduler_config
-        if hasattr(sched, "kv_holding_waiting"):
+        if (hasattr(sched, "async_kv_waiting") and getattr(sc, "max_num_inflight_kv_loads", None)
+                and getattr(sched, "connector", None) is not None):
+            # only then does vLLM park requests there (Scheduler._enqueue_waiting_request)
+            self.head: Callable[[Any], Any] = _head_async_kv
+        elif hasattr(sched, "kv_holding_waiting"):
             queues = (sched.kv_holding_waiting, sched.waiting)
-            self.head: Callable[[Any], Any] = _head_kv_holding
+            self.head = _head_kv_holding
             if all(isinstance(q, deque) for q in queues):
                 self.head = _head_kv_holding_deque
         elif hasattr(sched, "skipped_waiting"):

@@ -111,6 +111,35 @@ DIFFERENCES: tuple[Difference, ...] = (
     Difference((0, 33), "Local prefill cadence (prefill_schedule_interval): new prefills wait "
                "for their turn while a request decodes, unless prefill_capacity_bound.",
                "head_blocked_by is prefill_limit", "admission: prefill cadence"),
+    Difference((0, 34), "A resumed (preempted) request is scheduled as a new one: it is in "
+               "SchedulerOutput.scheduled_new_reqs (NewRequestData with its prefill_token_ids), and "
+               "CachedRequestData loses resumed_req_ids and all_token_ids. _preempt_request and "
+               "_update_after_schedule are unchanged.",
+               "nothing to adapt: the chunk hook marks a pass `resumed` from the requests it saw "
+               "preempted (never from resumed_req_ids) and takes a request in scheduled_new_reqs that "
+               "it saw preempted as that pass; step.new_reqs counts resumed requests, as before",
+               "resumed requests in scheduled_new_reqs"),
+    Difference((0, 34), "With --max-num-inflight-kv-loads and a KV connector, requests that may load "
+               "KV asynchronously wait in Scheduler.async_kv_waiting (their head goes before "
+               "`waiting`'s when it arrived earlier; under the priority policy the smaller head) and "
+               "may start their load while the running queue is full; get_request_counts counts them "
+               "as waiting.",
+               "queue_lengths_reader() counts them as waiting; the admission profile peeks the earlier "
+               "of both heads when the limit and a connector are set",
+               "async_kv_waiting queue"),
+    Difference((0, 34), "Cache-aware admission (cache_aware_admission_window, default 0: off; "
+               "cache_aware_admission_threshold, default 0.5): under FCFS with prefix caching, once KV "
+               "use reaches the threshold, requests of the first N waiting whose prefix is cached move "
+               "ahead inside that window, before the waiting loop.",
+               "head_blocked_by peeks the queue after schedule(), the reordered head; engine_config "
+               "does not record the two settings yet, so whatif replays a run that set them in "
+               "arrival order",
+               "cache-aware admission"),
+    Difference((0, 34), "long_prefill_token_threshold is ignored when chunked prefill is off "
+               "(before, it still capped a request's tokens per step when more than one was eligible).",
+               "nothing to adapt: the probe records the setting as configured; the replay runs the "
+               "installed release's own rule",
+               "long prefill threshold needs chunking"),
 )
 
 
@@ -124,7 +153,7 @@ def differences_for(version: str) -> list[Difference]:
 MIN_SUPPORTED = (0, 12)
 #: Newest minor release the compatibility suite last ran (every minor from
 #: MIN_SUPPORTED up to it passed; docs/compatibility.md). Newer ones get a warning.
-NEWEST_TESTED = (0, 33)
+NEWEST_TESTED = (0, 34)
 
 
 def is_tested(version: str) -> bool:
@@ -184,9 +213,12 @@ def queue_lengths_reader(sched: Any) -> Callable[[Any], tuple[int, int]]:
     per scheduler so the step hook does no ``hasattr`` per step.
 
     Requests skipped by the waiting loop (0.18-0.30, ``skipped_waiting``) and, from 0.31,
-    those that hold KV blocks while they wait (``kv_holding_waiting``) count as waiting,
-    as in vLLM's own ``Scheduler.get_request_counts``.
+    those that hold KV blocks while they wait (``kv_holding_waiting``) and, from 0.34,
+    those parked for an asynchronous KV load (``async_kv_waiting``) count as waiting, as
+    in vLLM's own ``Scheduler.get_request_counts``.
     """
+    if hasattr(sched, "async_kv_waiting"):
+        return lambda s: (len(s.running), len(s.waiting) + len(s.kv_holding_waiting) + len(s.async_kv_waiting))
     if hasattr(sched, "kv_holding_waiting"):
         return lambda s: (len(s.running), len(s.waiting) + len(s.kv_holding_waiting))
     if hasattr(sched, "skipped_waiting"):

@@ -206,6 +206,8 @@ class SchedulerProbe:
         self.digests_on = bool(self.flags.log_block_digests and settings.get("prefix_caching"))
         #: key of those digests: random, per scheduler, never written
         self._digest_salt = os.urandom(16)
+        #: tokens per block hash: request_finished's digests start after the prompt's full blocks
+        self._hash_block_size = int(settings.get("hash_block_size") or 0)
         self.engine = settings.pop("engine")
         if hasattr(rt.sink, "engine"):  # the file's probe_stats carry this engine's rank
             rt.sink.engine = self.engine
@@ -408,15 +410,27 @@ class SchedulerProbe:
 
     def on_finished(self, request: Any) -> None:
         """Before vLLM's ``_free_request(request)``: ``request_finished``; the request
-        leaves the probe's prefill bookkeeping."""
+        leaves the probe's prefill bookkeeping.
+
+        With block digests on, the hashes of the full blocks past the prompt's (vLLM hashes
+        output tokens as they are appended, ``Request.update_block_hashes``) are copied
+        and become digests on the writer thread: a later prompt that repeats this answer
+        hits those blocks, and only these digests let a replay rebuild that hit.
+        """
         rid = request.request_id
         self.prefilling.pop(rid, None)
         self.resume_pending.discard(rid)
         if self.flags.log_request_events:
+            digests = None
+            if self.digests_on and self._hash_block_size:
+                hashes = getattr(request, "block_hashes", None)
+                first = request.num_prompt_tokens // self._hash_block_size
+                if hashes and len(hashes) > first:
+                    digests = Deferred(self._digests, list(hashes[first:]))
             self.emit(REQUEST_FINISHED, self.clock(), self.engine, REQUEST_FINISHED.pack(
                 step=max(self.step, 0), req_id=rid, reason=compat.finish_reason(request),
                 prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
-                num_preemptions=getattr(request, "num_preemptions", None),
+                num_preemptions=getattr(request, "num_preemptions", None), output_block_digests=digests,
             ))
 
 

@@ -243,6 +243,7 @@ REQUEST_FINISHED = EventKind(
         Field("prompt_len", "int", "tokens", "Prompt length."),
         Field("output_tokens", "int", "tokens", "Tokens generated."),
         Field("num_preemptions", "int", "-", "Times the request was preempted."),
+        Field("output_block_digests", "list[string]", "-", "With prefix caching on: the digests (as `request_added.block_digests`, same key) of the full blocks past the prompt's full blocks at the end: the blocks holding output tokens, the first of them also the prompt's last partial block. A later prompt that repeats this request's prompt and answer (a conversation's next turn) has these digests in its `block_digests`, and a replay hits them where the engine did; absent when the output filled no block. Switched by `scheduler_probe.log_block_digests`.", True),
     ),
 )
 

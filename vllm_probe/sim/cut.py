@@ -12,8 +12,9 @@ its own as it does inside the whole run, with two exceptions this module checks:
 
 * **The prefix cache.** Blocks cached before the stretch stay hit-able across an idle
   boundary. The cut is exact only when no request of the stretch shares a block digest
-  with a request before it (``request_added.block_digests``); otherwise the stretch starts
-  at an earlier boundary. Without digests the replay cannot rebuild hits at all, so the
+  with a request before it (``request_added.block_digests``, and the answer's blocks of
+  ``request_finished.output_block_digests``); otherwise the stretch starts at an earlier
+  boundary. Without digests the replay cannot rebuild hits at all, so the
   cut loses nothing the whole run's replay had.
 * **Later arrivals.** At the recorded settings the stretch ends idle before the next
   arrival. A change that makes it run longer would meet requests the cut left out:
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..analysis.workload import Workload
+from ..analysis.workload import Workload, WorkloadRequest
 from ..runs.reader import ReadStats, iter_run_lines
 from ..runs.rundir import META_FILE, event_streams
 
@@ -159,12 +160,18 @@ def _past_empty_steps(w: Workload, end: int, bounds: set[int]) -> int:
 
 def _prefix_exact_start(w: Workload, starts: list[int], end: int) -> int | None:
     """The latest of ``starts`` before which no request shares a block digest with the
-    requests from it to ``end`` (prefix caching on and digests recorded); else the latest."""
+    requests from it to ``end`` (prefix caching on and digests recorded); else the latest.
+    A request's digests are its prompt's and its answer's (``output_digests``): a prompt
+    that repeats an earlier answer hits that answer's cached blocks."""
     if not w.config.get("prefix_caching") or not w.has_digests:  # engine_config's field (schema/events.py)
         return starts[-1]
+
+    def digests(r: WorkloadRequest) -> list[str]:
+        return (r.block_digests or []) + (r.output_digests or [])
+
     for start in list(reversed(starts))[:PREFIX_WALK_MAX]:
-        inside = {d for r in w.requests if start <= r.add_before_step < end for d in (r.block_digests or ())}
-        before = any(d in inside for r in w.requests if r.add_before_step < start for d in (r.block_digests or ()))
+        inside = {d for r in w.requests if start <= r.add_before_step < end for d in digests(r)}
+        before = any(d in inside for r in w.requests if r.add_before_step < start for d in digests(r))
         if not before:
             return start
     return None

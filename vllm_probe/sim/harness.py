@@ -23,6 +23,8 @@ release gets what it accepts; :func:`harness_adaptations` names those in use.
 * ``ModelRunnerOutput(pooler_output=[])``: an empty list means "no pooling outputs" in
   every release; a list of ``None`` makes 0.12 run ``check_stop`` on every request,
   even one that sampled nothing (IndexError on its empty output).
+* ``ModelRunnerOutput(req_id_to_index=...)``: up to 0.33; 0.34 indexes the output by
+  ``req_ids`` alone and drops the argument.
 * ``DeviceConfig(device="cpu")`` always: older releases fail to infer the device type.
 """
 
@@ -40,7 +42,9 @@ from ..engine.sink import Deferred
 from .tiny_model import DEFAULT_DIR, MAX_POSITIONS, write_tiny_model
 
 
-def _accepts(func: Any, name: str) -> bool:
+def accepts(func: Any, name: str) -> bool:
+    """Whether ``func`` (a constructor or function of the imported vLLM) takes a parameter
+    ``name``: how the harness and the settings check tell releases apart."""
     return name in inspect.signature(func).parameters
 
 
@@ -51,17 +55,18 @@ _OPTIONAL_KWARGS = {
 }
 
 
-def _fit(kind: str, func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def fit_kwargs(kind: str, func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` less the release-dependent keys of ``kind`` that ``func`` does not take."""
     optional = _OPTIONAL_KWARGS[kind]
-    return {k: v for k, v in kwargs.items() if k not in optional or _accepts(func, k)}
+    return {k: v for k, v in kwargs.items() if k not in optional or accepts(func, k)}
 
 
 def harness_adaptations() -> list[str]:
     """The release-dependent constructor arguments in use with the vLLM imported here.
 
     E.g. ``["Request(eos_token_id)", "Scheduler(block_size)"]`` on 0.12;
-    ``SchedulerConfig(-key)`` for a setting the release does not accept.
+    ``SchedulerConfig(-key)`` for a setting the release does not accept,
+    ``ModelRunnerOutput(-req_id_to_index)`` from 0.34.
     """
     from vllm.config import SchedulerConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -69,12 +74,16 @@ def harness_adaptations() -> list[str]:
 
     out = []
     for kind, func in (("Request", Request.__init__), ("Scheduler", Scheduler.__init__)):
-        used = [k for k in _OPTIONAL_KWARGS[kind] if _accepts(func, k)]
+        used = [k for k in _OPTIONAL_KWARGS[kind] if accepts(func, k)]
         if used:
             out.append(f"{kind}({', '.join(used)})")
-    dropped = [k for k in _SCHEDULER_CONFIG_KEYS if not _accepts(SchedulerConfig, k)]
+    dropped = [k for k in _SCHEDULER_CONFIG_KEYS if not accepts(SchedulerConfig, k)]
     if dropped:
         out.append(f"SchedulerConfig({', '.join('-' + k for k in dropped)})")
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if not accepts(ModelRunnerOutput, "req_id_to_index"):
+        out.append("ModelRunnerOutput(-req_id_to_index)")
     return out
 
 
@@ -133,11 +142,11 @@ def make_vllm_config(spec: SchedulerSpec | None = None) -> Any:
         is_encoder_decoder=False,
     )
     assert tuple(sched_kwargs) == _SCHEDULER_CONFIG_KEYS
-    sched_kwargs = {k: v for k, v in sched_kwargs.items() if _accepts(SchedulerConfig, k)}
+    sched_kwargs = {k: v for k, v in sched_kwargs.items() if accepts(SchedulerConfig, k)}
     scheduler_config = SchedulerConfig(**sched_kwargs, **spec.extra)
     cache_config = CacheConfig(
         block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching,
-        **({"gpu_memory_utilization": 0.3} if _accepts(CacheConfig, "gpu_memory_utilization") else {}),
+        **({"gpu_memory_utilization": 0.3} if accepts(CacheConfig, "gpu_memory_utilization") else {}),
     )
     cache_config.num_gpu_blocks = spec.num_blocks
     vllm_config = VllmConfig(
@@ -175,14 +184,14 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
         structured_output_manager=StructuredOutputManager(vllm_config), log_stats=True,
     )
     kwargs.update(block_size=spec.block_size, hash_block_size=spec.block_size)
-    return cls(**_fit("Scheduler", Scheduler.__init__, kwargs))
+    return cls(**fit_kwargs("Scheduler", Scheduler.__init__, kwargs))
 
 
 _ids = itertools.count()
 _hash_fn_cache: list[Any] = []
 
 
-def _hash_fn() -> Any:
+def block_hash_fn() -> Any:
     """vLLM's sha256 block-hash function, with ``NONE_HASH`` initialised once per process.
 
     vLLM's engine calls ``init_none_hash`` once. Up to 0.28 it draws a random
@@ -214,7 +223,7 @@ def make_request(
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    hash_fn = _hash_fn()
+    hash_fn = block_hash_fn()
     n = next(_ids)
     rid = req_id or f"req-{n}"
     base = (seed if seed is not None else n) * 7919
@@ -226,7 +235,7 @@ def make_request(
         block_hasher=get_request_block_hasher(block_size, hash_fn), eos_token_id=2,
         mm_features=None,
     )
-    return Request(**_fit("Request", Request.__init__, kwargs))
+    return Request(**fit_kwargs("Request", Request.__init__, kwargs))
 
 
 def step(sched: Any) -> Any:
@@ -251,7 +260,7 @@ def fake_model_output(sched: Any, out: Any) -> Any:
     return model_runner_output(req_ids, sampled)
 
 
-_output_kwargs: list[dict[str, Any]] = []
+_output_kwargs: list[tuple[dict[str, Any], bool]] = []
 
 
 def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
@@ -261,14 +270,16 @@ def model_runner_output(req_ids: list[str], sampled: list[list[int]]) -> Any:
 
     if not _output_kwargs:
         extra: dict[str, Any] = {}
-        if _accepts(ModelRunnerOutput, "pooler_output"):
+        if accepts(ModelRunnerOutput, "pooler_output"):
             extra["pooler_output"] = []
-        if _accepts(ModelRunnerOutput, "spec_token_ids"):
+        if accepts(ModelRunnerOutput, "spec_token_ids"):
             extra["spec_token_ids"] = None
-        _output_kwargs.append(extra)
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                             **_output_kwargs[0])
+        _output_kwargs.append((extra, accepts(ModelRunnerOutput, "req_id_to_index")))
+    extra, by_index = _output_kwargs[0]
+    if by_index:  # up to 0.33; from 0.34 update_from_output indexes by req_ids
+        extra = {**extra, "req_id_to_index": {r: i for i, r in enumerate(req_ids)}}
+    return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                             **extra)
 
 
 def run_until_idle(sched: Any, max_steps: int = 10_000) -> int:

@@ -264,6 +264,12 @@ def notes_of(w: Workload) -> list[str]:
     if cfg.get("prefix_caching") and not w.has_digests:
         notes.append("prefix caching was on but request_added has no block_digests (scheduler_probe."
                      "log_block_digests off, or an older probe): the replay assumes no prompt shares a block")
+    elif cfg.get("prefix_caching") and w.block_tokens is None and not any(r.output_digests for r in w.requests):
+        hbs = int(cfg.get("hash_block_size") or cfg.get("block_size") or 0)
+        if hbs and any(r.finish_reason and r.block_digests is not None
+                       and (r.prompt_len + r.output_tokens) // hbs > r.prompt_len // hbs for r in w.requests):
+            notes.append("request_finished has no output_block_digests (an older probe): a prompt that repeats "
+                         "an earlier answer hits the prefix cache only up to that answer in the replay")
     groups = cfg.get("kv_cache_groups") or []
     if len(groups) > 1 or any(g != "FullAttentionSpec" for g in groups):
         notes.append(f"the model's KV cache has groups {groups}; the replay builds one full-attention group, "
@@ -271,8 +277,8 @@ def notes_of(w: Workload) -> list[str]:
     if cfg.get("num_speculative_tokens"):
         notes.append("speculative decoding is not replayed (each step samples one token per request)")
     if cfg.get("scheduler_class") == "AsyncScheduler":
-        notes.append("AsyncScheduler: replayed with EngineCore's batch queue of two; not verified against a "
-                     "real async engine on this machine (the CPU backend forces synchronous scheduling)")
+        notes.append("AsyncScheduler: replayed with EngineCore's batch queue of two (real async runs of the CPU "
+                     "engine, re-enabled after its platform hook, replayed step for step: docs/whatif.md, Coverage)")
     if not w.chunk_events:
         notes.append("no chunk events (scheduler_probe.log_chunk_boundaries off): the step-time model uses "
                      "scheduled tokens only")

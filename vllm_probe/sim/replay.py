@@ -14,7 +14,14 @@ just before ``update_from_output`` (``_process_aborts_queue``); ``update_from_ou
 gets a fake model output in which every request whose step ends its prefill or decodes
 samples one token. With async scheduling (``AsyncScheduler``) the outputs go through a
 batch queue of two, as ``EngineCore.step_with_batch_queue`` does: step N+1 is scheduled
-before step N's output is processed.
+before step N's output is processed. Once its last request has finished, a server's engine
+core steps once more to report the finished requests (``run_busy_loop`` while
+``has_requests()``); an engine core that ``LLM`` steps in its own process does not
+(:func:`flushes_when_idle` reads which from the recording), and neither does the replay.
+
+**Tokens**: each request's prompt and answer are rebuilt from its recorded block digests
+(:class:`PromptBuilder`), and the fake model samples the answer's planned tokens, so a
+prompt that repeats an earlier answer hits that answer's cached blocks as in the engine.
 
 **Arrivals** (``timed``, the default): a request becomes available at its front-end
 stamp plus the recorded lag (:meth:`~vllm_probe.analysis.workload.Workload.lag_s`),
@@ -22,9 +29,12 @@ clamped into the window the recorded run allows
 (:func:`~vllm_probe.analysis.workload.availability_windows`), and is added at the first
 step boundary at or after that; members of an offline burst (``anchored``) are added
 before the same step index as recorded. When nothing is left to run, the clock jumps to
-the next arrival (a real engine core blocks; it never steps idle). ``steps``: every
-request is added before its recorded step index (exact schedules on any run; the clock
-still advances by the model).
+the next arrival (a real engine core blocks; it never steps idle). Requests of a
+closed-loop client (:mod:`vllm_probe.sim.arrivals`: ``closed``, or the workload's
+``clients``) are sent by its finishes instead: its first ``N`` as recorded, each later one
+when one of its requests finishes, after the think time recorded for that request.
+``steps``: every request is added before its recorded step index (exact schedules on any
+run; the clock still advances by the model).
 
 **Time**: each step lasts what ``step_time(features)`` says (s, features of
 :mod:`vllm_probe.sim.stepmodel`); the clock stands still inside ``schedule()``, so the
@@ -38,6 +48,7 @@ at their recorded time (``steps``: step).
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -51,7 +62,7 @@ from ..engine import patches
 from ..engine.hooks import Runtime
 from ..schema.events import ENGINE_CONFIG
 from ..settings import ProbeFlags
-from .harness import SchedulerSpec, _fit, _hash_fn, make_scheduler, model_runner_output
+from .harness import SchedulerSpec, block_hash_fn, fit_kwargs, make_scheduler, model_runner_output
 from .stepmodel import ShapeTracker, output_features
 
 #: Token id the fake model samples; :data:`STOP_TOKEN` ends a ``stop`` request.
@@ -95,16 +106,20 @@ class VirtualClock:
 
 
 class PromptBuilder:
-    """Token ids for replayed prompts that share exactly the blocks the recorded ones did.
+    """Token ids for replayed requests that share exactly the blocks the recorded ones did.
 
-    Each distinct block id (a ``block_digests`` entry, or a trace's hash id) gets a
-    block of ``block_tokens`` ids of its own; the tokens after a request's last shared
-    block are unique to it. Two rebuilt prompts therefore share exactly the leading
-    blocks whose ids were equal, and vLLM's KV-cache manager hits (and evicts) where the
-    recorded one did. Ids are plain integers far above any vocabulary (the scheduler
-    only hashes them). ``partial``: a trailing id covering fewer than ``block_tokens``
-    tokens gets its own tokens per length (vLLM's ``TimedTrace`` keys partial chunks by
-    ``hash:size``).
+    Each distinct block id (a ``block_digests`` or ``output_block_digests`` entry, or a
+    trace's hash id) gets a block of ``block_tokens`` ids of its own. A request's tokens,
+    prompt then output, are the blocks of its ids in order (its prompt's digests, then the
+    digests of its answer's blocks), then tokens unique to it. Two rebuilt requests
+    therefore share exactly the leading blocks whose ids were equal: prompt blocks, and the
+    blocks of an earlier answer that a later prompt repeats (a conversation's next turn) or
+    that an identical prompt's identical answer fills. vLLM's KV-cache manager then hits
+    (and evicts) where the recorded one did, provided the replay's fake model samples the
+    planned output tokens (:meth:`plan`, :meth:`TokenPlan.output_token`). Ids are plain
+    integers far above any vocabulary (the scheduler only hashes them). ``partial``: a
+    trailing id covering fewer than ``block_tokens`` tokens gets its own tokens per length
+    (vLLM's ``TimedTrace`` keys partial chunks by ``hash:size``).
     """
 
     _BLOCK_BASE = 1 << 32
@@ -113,22 +128,109 @@ class PromptBuilder:
     def __init__(self, block_tokens: int) -> None:
         self.block_tokens = block_tokens
         self._index: dict[Any, int] = {}
+        #: (block's first token id, offset) -> the token sampled there instead (a stop token)
+        self._override: dict[tuple[int, int], int] = {}
+        self._overridden: set[int] = set()  # the first token ids of those blocks
 
-    def _block(self, key: Any, size: int) -> list[int]:
+    def _block_base(self, key: Any, size: int) -> int:
         idx = self._index.setdefault((key, size), len(self._index))
-        base = self._BLOCK_BASE + idx * self.block_tokens
-        return list(range(base, base + size))
+        return self._BLOCK_BASE + idx * self.block_tokens
+
+    def plan(self, order: int, prompt_len: int, ids: Sequence[Any] | None, output_ids: Sequence[Any] | None = None,
+             output_len: int = 0, stop_token: int | None = None) -> TokenPlan:
+        """The tokens of request ``order``: ``prompt_len`` prompt tokens from ``ids``, then
+        ``output_len`` output tokens, from ``output_ids`` where its answer filled blocks
+        (used only when ``ids`` covers exactly the prompt's full blocks, as recorded);
+        ``stop_token``: its last output token (a ``stop`` request's)."""
+        bt = self.block_tokens
+        blocks: list[tuple[int, int]] = []  # (first token id, tokens) per block of ids, in order
+        covered = 0
+        for key in ids or ():
+            if covered >= prompt_len:
+                break
+            size = min(bt, prompt_len - covered)
+            blocks.append((self._block_base(key, size), size))
+            covered += size
+        if output_ids and len(ids or ()) == prompt_len // bt == len(blocks):
+            total = prompt_len + output_len
+            for key in output_ids:
+                if covered + bt > total:
+                    break
+                blocks.append((self._block_base(key, bt), bt))
+                covered += bt
+        plan = TokenPlan(self, prompt_len, blocks, covered, self._TAIL_BASE + order * (1 << 24), output_len)
+        if stop_token is not None and output_len > 0:
+            plan.set_last(stop_token)
+        return plan
 
     def tokens(self, order: int, prompt_len: int, ids: Sequence[Any] | None) -> list[int]:
         """``prompt_len`` token ids for request ``order`` whose blocks are ``ids``."""
+        return self.plan(order, prompt_len, ids).prompt()
+
+
+class TokenPlan:
+    """One replayed request's tokens (:meth:`PromptBuilder.plan`): position -> token id,
+    computed when asked (a prompt is built once; an output token each time it is sampled)."""
+
+    __slots__ = ("builder", "prompt_len", "blocks", "covered", "tail", "output_len", "last")
+
+    def __init__(self, builder: PromptBuilder, prompt_len: int, blocks: list[tuple[int, int]], covered: int,
+                 tail: int, output_len: int) -> None:
+        self.builder = builder
+        self.prompt_len = prompt_len
+        self.blocks = blocks
+        self.covered = covered  # tokens covered by blocks; the rest are the request's own (tail + position)
+        self.tail = tail
+        self.output_len = output_len
+        self.last: int | None = None  # the last output token when it is set apart (a stop token)
+
+    def token(self, pos: int) -> int:
+        """The token id at position ``pos`` (prompt positions first)."""
+        if pos >= self.covered:
+            return self.tail + pos - self.covered
+        bt = self.builder.block_tokens
+        base = self.blocks[pos // bt][0]
+        override = self.builder._override
+        return override.get((base, pos % bt), base + pos % bt) if override else base + pos % bt
+
+    def prompt(self) -> list[int]:
+        """The prompt's token ids."""
+        n = self.prompt_len
         out: list[int] = []
-        for key in ids or ():
-            if len(out) >= prompt_len:
+        for base, size in self.blocks:
+            first = len(out)
+            if first >= n:
                 break
-            out += self._block(key, min(self.block_tokens, prompt_len - len(out)))
-        base = self._TAIL_BASE + order * (1 << 24)
-        out += range(base, base + prompt_len - len(out))
+            take = min(size, n - first)
+            if base in self.builder._overridden:
+                out += [self.token(first + j) for j in range(take)]
+            else:
+                out += range(base, base + take)
+        if len(out) < n:  # past its blocks, a prompt's tokens are its own
+            out += range(self.tail, self.tail + n - len(out))
         return out
+
+    def set_last(self, token: int) -> None:
+        """Make the last output token ``token``; where it lies in a block of ids, every
+        request with that block gets it there (the block hashes as it did)."""
+        pos = self.prompt_len + self.output_len - 1
+        self.last = token
+        if pos < self.covered:
+            base, _ = self.blocks[pos // self.builder.block_tokens]
+            self.builder._override[(base, pos % self.builder.block_tokens)] = token
+            self.builder._overridden.add(base)
+
+    def output_token(self, index: int, default: int) -> int:
+        """The token the fake model samples as output ``index`` (0-based): the plan's;
+        past the planned output (a request aborted later than recorded), ``default``; a
+        request's own stop token anywhere but at its end would stop it early, so
+        ``default`` there too."""
+        if index >= self.output_len:
+            return default
+        if index == self.output_len - 1 and self.last is not None:
+            return self.last
+        tok = self.token(self.prompt_len + index)
+        return default if tok == self.last else tok
 
 
 @dataclass
@@ -175,42 +277,75 @@ class _ConfigOverlay:
             self.sink.close()
 
 
-def _request_factory(w: Workload, spec: SchedulerSpec, prompts: Callable[[WorkloadRequest], list[int]] | None):
+class _Requests:
     """``make(r) -> vLLM Request`` for the workload's requests (see the module docstring
-    for how each stops)."""
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
-    from vllm.v1.request import Request
+    for how each stops), and the output tokens each samples (:meth:`sample`).
 
-    hasher = get_request_block_hasher(spec.block_size, _hash_fn())
-    builder = PromptBuilder(w.block_tokens or int(w.config.get("hash_block_size") or spec.block_size))
-    max_model_len = spec.max_model_len
+    Without ``prompts``, each request's tokens come from a :class:`PromptBuilder` plan of
+    its recorded digests, prompt and answer: the fake model samples the plan's output
+    tokens, so the blocks an answer fills hash as the recorded ones did and a later prompt
+    that repeats them (a conversation's next turn, an identical prompt resumed after a
+    preemption) hits them as it did in the engine. With ``prompts`` (token ids given),
+    every output token is :data:`SAMPLE_TOKEN`, a stop request's last :data:`STOP_TOKEN`.
+    """
 
-    def make(r: WorkloadRequest) -> Any:
-        tokens = prompts(r) if prompts is not None else builder.tokens(r.order, r.prompt_len, r.block_digests)
+    def __init__(self, w: Workload, spec: SchedulerSpec,
+                 prompts: Callable[[WorkloadRequest], list[int]] | None) -> None:
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+
+        self.hasher = get_request_block_hasher(spec.block_size, block_hash_fn())
+        self.builder = PromptBuilder(w.block_tokens or int(w.config.get("hash_block_size") or spec.block_size))
+        self.prompts = prompts
+        self.max_model_len = spec.max_model_len
+        self.plans: dict[str, TokenPlan] = {}
+
+    def __call__(self, r: WorkloadRequest) -> Any:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
         out = max(r.output_tokens, 1)
         stop: list[int] = []
         if r.finish_reason == "stop":
             max_tokens, stop = max(r.max_tokens or out, out), [STOP_TOKEN]
         elif r.finish_reason in ("abort", "error"):
-            max_tokens = r.max_tokens or max(max_model_len - r.prompt_len, 1)
+            max_tokens = r.max_tokens or max(self.max_model_len - r.prompt_len, 1)
         else:  # length, or unfinished: as if it had stopped where the log ended
             max_tokens = out
+        if self.prompts is not None:
+            tokens = self.prompts(r)
+        else:
+            planned = r.output_tokens if r.finish_reason in ("abort", "error") else out
+            plan = self.builder.plan(r.order, r.prompt_len, r.block_digests, r.output_digests, planned,
+                                     STOP_TOKEN if stop else None)
+            self.plans[r.req_id] = plan
+            tokens = plan.prompt()
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, stop_token_ids=stop)
-        req = Request(**_fit("Request", Request.__init__, dict(
+        req = Request(**fit_kwargs("Request", Request.__init__, dict(
             request_id=r.req_id, prompt_token_ids=tokens, sampling_params=params, pooling_params=None,
-            block_hasher=hasher, eos_token_id=2, mm_features=None, priority=r.priority)))
+            block_hasher=self.hasher, eos_token_id=2, mm_features=None, priority=r.priority)))
         # the recorded stamp: the priority policy orders by (priority, arrival_time)
         req.arrival_time = r.stamp
         return req
 
-    return make
+    def sample(self, rid: str, index: int) -> int | None:
+        """The token request ``rid`` samples as its output ``index`` (0-based); None when
+        it has no plan (``prompts`` given)."""
+        plan = self.plans.get(rid)
+        return None if plan is None else plan.output_token(index, SAMPLE_TOKEN)
 
 
-def _model_output(sched: Any, out: Any, samplers: set[str], stop_at: dict[str, int]) -> Any:
+def _request_factory(w: Workload, spec: SchedulerSpec,
+                     prompts: Callable[[WorkloadRequest], list[int]] | None) -> _Requests:
+    """The requests of a replay (:class:`_Requests`)."""
+    return _Requests(w, spec, prompts)
+
+
+def _model_output(sched: Any, out: Any, samplers: set[str], stop_at: dict[str, int],
+                  planned: Callable[[str, int], int | None] | None = None) -> Any:
     """vLLM's ``ModelRunnerOutput`` for ``out``: one token for each request in
-    ``samplers`` (its step ended its prefill or decoded), the stop token when it is a
-    ``stop`` request's last."""
+    ``samplers`` (its step ended its prefill or decoded): the one ``planned(req_id,
+    output index)`` gives, else the stop token when it is a ``stop`` request's last,
+    else :data:`SAMPLE_TOKEN`."""
     req_ids = list(out.num_scheduled_tokens)
     sampled: list[list[int]] = []
     requests = sched.requests
@@ -218,12 +353,16 @@ def _model_output(sched: Any, out: Any, samplers: set[str], stop_at: dict[str, i
         if rid not in samplers:
             sampled.append([])
             continue
-        last = stop_at.get(rid)
-        if last is not None:
-            req = requests.get(rid)
-            if req is not None and req.num_output_tokens + 1 >= last:
-                sampled.append([STOP_TOKEN])
+        req = requests.get(rid)
+        if planned is not None and req is not None:
+            tok = planned(rid, req.num_output_tokens)
+            if tok is not None:
+                sampled.append([tok])
                 continue
+        last = stop_at.get(rid)
+        if last is not None and req is not None and req.num_output_tokens + 1 >= last:
+            sampled.append([STOP_TOKEN])
+            continue
         sampled.append([SAMPLE_TOKEN])
     return model_runner_output(req_ids, sampled)
 
@@ -268,9 +407,12 @@ def replay(
         flags: the probe's flags (default all on).
         config_overlay: ``engine_config`` fields to write instead of the harness's.
         max_steps: stop after this many steps (default: 100 × the workload's tokens).
-        closed: ``(N, think_s)``: a closed-loop client (:mod:`vllm_probe.sim.arrivals`):
-            the first ``N`` requests arrive as recorded, each later one ``think_s`` after
-            a request finishes in the replay (in recorded order; no request is anchored).
+        closed: ``(N, think_s)``: every request is one closed-loop client's
+            (:mod:`vllm_probe.sim.arrivals`): the first ``N`` arrive as recorded, each later
+            one (in recorded order; none is anchored) after a request finishes in the replay,
+            its own recorded ``think_s`` later (else ``think_s``). None: the workload's own
+            clients (``Workload.clients``, each request's ``client``), the other requests
+            at their recorded times.
         time_limit_s: stop after this many wall seconds (looked at every
             :data:`CLOCK_EVERY` steps; None: no limit).
 
@@ -295,7 +437,8 @@ def replay(
     depth = 2 if scheduler_cls is not None else 1  # EngineCore's batch queue
     clock = VirtualClock(w.t0)  # engine_config is stamped at the recording's start, as the steps are
     target = _ConfigOverlay(sink, config_overlay or {})
-    rt = Runtime(flags or ProbeFlags(), lambda _rt: target, clock=clock.time, timer=clock.time)
+    # no machine-speed mark: a replay's machine is its step-time model, not this host
+    rt = Runtime(flags or ProbeFlags(), lambda _rt: target, clock=clock.time, timer=clock.time, speed_mark=None)
     previous = patches.uninstall(Scheduler)  # the plugin's probe in this process: back afterwards
     try:
         patches.install(Scheduler, rt, vllm.__version__)
@@ -310,10 +453,39 @@ def replay(
             patches.install(Scheduler, previous, previous.vllm_version)
 
 
+class _Client:
+    """A closed-loop client in the replay: its requests in recorded order, how many it
+    keeps in flight, its think time (s) where a request has none of its own."""
+
+    __slots__ = ("queue", "n", "think_s", "inflight", "last")
+
+    def __init__(self, requests: list[WorkloadRequest], n: int, think_s: float) -> None:
+        self.queue = deque(requests)
+        self.n = n
+        self.think_s = think_s
+        self.inflight = 0
+        self.last = 0.0  # when its latest request became available (s since t0): sent in order
+
+
+def _clients(w: Workload, closed: tuple[int, float] | None) -> list[_Client]:
+    """The closed-loop clients of a replay: ``closed`` makes every request one client's;
+    otherwise the workload's own (:attr:`~vllm_probe.analysis.workload.Workload.clients`,
+    each request's ``client``)."""
+    if closed is not None:
+        return [_Client(sorted(w.requests, key=lambda r: (r.stamp, r.order)), closed[0], closed[1])]
+    out = []
+    for c, (n, think) in sorted(w.clients.items()):
+        members = sorted((r for r in w.requests if r.client == c), key=lambda r: (r.stamp, r.order))
+        if members:
+            out.append(_Client(members, n, think))
+    return out
+
+
 def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mode: str, lag_s: float,
-          make: Callable, depth: int, max_steps: int | None, status: Any,
+          make: _Requests, depth: int, max_steps: int | None, status: Any,
           closed: tuple[int, float] | None = None, time_limit_s: float | None = None) -> ReplayStats:
     t0 = w.t0
+    flush_idle = flushes_when_idle(w)
     reqs = w.requests
     if max_steps is None:
         max_steps = 100 * (sum(r.prompt_len + r.output_tokens for r in reqs) + len(reqs)) + 1000
@@ -327,24 +499,49 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
             a = min(max(a, r.avail_lo), r.avail_hi)
         return a - t0
 
+    clients = _clients(w, closed) if mode != "steps" else []
+    client_of: dict[str, _Client | None] = {r.req_id: c for c in clients for r in c.queue}
     if mode == "steps":
         anchored = sorted(reqs, key=lambda r: (r.add_before_step, r.order))
         timed: list[WorkloadRequest] = []
-    elif closed is not None:
-        anchored = []
-        timed = sorted(reqs, key=lambda r: (r.stamp, r.order))
-    else:
-        anchored = sorted((r for r in reqs if r.anchored), key=lambda r: (r.add_before_step, r.order))
-        timed = sorted((r for r in reqs if not r.anchored), key=lambda r: (avail(r), r.order))
+    else:  # a closed-loop client's requests are never anchored to a step: they follow its finishes
+        anchored = sorted((r for r in reqs if r.anchored and r.req_id not in client_of),
+                          key=lambda r: (r.add_before_step, r.order))
+        timed = sorted((r for r in reqs if not r.anchored and r.req_id not in client_of),
+                       key=lambda r: (avail(r), r.order))
     times = [avail(r) for r in timed]
-    if closed is not None:  # later requests wait for a finish (see the arrivals module)
-        times = times[:closed[0]] + [float("inf")] * max(0, len(times) - closed[0])
-    released = min(closed[0], len(times)) if closed is not None else 0
+    # closed-loop requests sent so far, by when they become available: (s since t0, order, request)
+    sent_heap: list[tuple[float, int, WorkloadRequest]] = []
     sent: dict[int, float] = {}  # closed loop: request (order) -> when the client sent it (s since t0)
+
+    def send(c: _Client, at: float, stamp: float) -> None:
+        """``c``'s next request becomes available at ``at``, stamped ``stamp`` (s since t0)."""
+        r = c.queue.popleft()
+        c.inflight += 1
+        c.last = at
+        sent[r.order] = stamp
+        heapq.heappush(sent_heap, (at, r.order, r))
+
+    for c in clients:  # the first N of each client as recorded
+        for _ in range(min(c.n, len(c.queue))):
+            r = c.queue.popleft()
+            c.inflight += 1
+            c.last = max(c.last, avail(r))
+            heapq.heappush(sent_heap, (avail(r), r.order, r))
+
+    def finished(c: _Client) -> None:
+        """One of ``c``'s requests finished: it sends its next after that one's think time."""
+        c.inflight -= 1
+        if c.queue:
+            think = c.queue[0].think_s
+            think = c.think_s if think is None else think
+            at = max(now + think + lag_s, c.last)
+            send(c, at, at - lag_s)
+
     i = j = 0
     step = 0
-    firsts = times[:1] + [(anchored[0].avail_hi if anchored[0].avail_hi is not None else anchored[0].stamp) - t0
-                          for _ in anchored[:1]]
+    firsts = times[:1] + [sent_heap[0][0] for _ in sent_heap[:1]] + [
+        (anchored[0].avail_hi if anchored[0].avail_hi is not None else anchored[0].stamp) - t0 for _ in anchored[:1]]
     now = min(firsts) if firsts else 0.0  # the first step starts when its request is there
     shapes = ShapeTracker()
     queue: deque = deque()
@@ -361,13 +558,16 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
         while i < len(timed) and times[i] <= now + 1e-9:
             due.append(timed[i])
             i += 1
+        while sent_heap and sent_heap[0][0] <= now + 1e-9:
+            due.append(heapq.heappop(sent_heap)[2])
         clock.now = t0 + now
         for r in sorted(due, key=lambda r: r.order):
             req = make(r)
             if r.order in sent:  # stamped when the client sent it, as the front end would
                 req.arrival_time = t0 + sent[r.order]
             sched.add_request(req)
-        if sched.has_requests():
+        # an engine core stepped in-process by LLM stops once its caller has nothing unfinished
+        if sched.has_requests() if flush_idle else sched.has_unfinished_requests():
             out = sched.schedule()
             samplers = _samplers(sched, out)
             busy = out.total_num_scheduled_tokens > 0
@@ -376,7 +576,8 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
                 idle_steps = 0
             else:
                 idle_steps += 1
-                if idle_steps >= STUCK_STEPS and i >= len(timed) and j >= len(anchored) and not queue:
+                if (idle_steps >= STUCK_STEPS and i >= len(timed) and j >= len(anchored) and not queue
+                        and not sent_heap and not any(c.queue for c in clients)):
                     raise ReplayError(f"no progress for {STUCK_STEPS} steps with {len(sched.requests)} "
                                       "requests left: a request cannot be admitted at these settings")
             now += step_time(output_features(sched, out, shapes))
@@ -386,39 +587,58 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
             if len(queue) < depth and (busy or sched.has_requests()):
                 continue  # async: keep the batch queue full before waiting on an output
         elif not queue:
-            if i >= len(timed) and j >= len(anchored):
+            stuck = [c for c in clients if c.queue and not c.inflight]
+            if i >= len(timed) and j >= len(anchored) and not sent_heap and not stuck:
                 break
-            if j < len(anchored) and (i >= len(timed) or mode == "steps"):
+            if j < len(anchored) and ((i >= len(timed) and not sent_heap and not stuck) or mode == "steps"):
                 # the engine blocked with nothing to do; the next burst comes before this same step
                 batch = anchored[j].add_before_step
                 while j < len(anchored) and anchored[j].add_before_step == batch:
                     sched.add_request(make(anchored[j]))
                     j += 1
-            else:
-                if times[i] == float("inf"):  # closed loop with nothing in flight: send the next now
-                    times[i] = now
-                    sent[timed[i].order] = now
-                    released = max(released, i + 1)
-                now = max(now, times[i])  # idle: jump to the next arrival
+            elif stuck:  # a closed-loop client with nothing in flight: it sends its next now
+                send(min(stuck, key=lambda c: c.queue[0].order), now, now)
+            else:  # idle: jump to the next arrival
+                now = max(now, min(times[i] if i < len(timed) else float("inf"),
+                                   sent_heap[0][0] if sent_heap else float("inf")))
             continue
         out, samplers = queue.pop()
-        before = len(sched.requests)
         for rid in [rid for rid, r in aborts.items() if _abort_due(r, step - 1, now + t0, mode)]:
             del aborts[rid]
             if rid in sched.requests:
                 sched.finish_requests(rid, status.FINISHED_ABORTED)
-        sched.update_from_output(out, _model_output(sched, out, samplers, stop_at))
-        if closed is not None:
-            for _ in range(before - len(sched.requests)):  # each finish releases the next request
-                if released < len(times):
-                    times[released] = max(now + closed[1] + lag_s, times[released - 1] if released else 0.0)
-                    sent[timed[released].order] = times[released] - lag_s
-                    released += 1
+                owner = client_of.pop(rid, None)
+                if owner is not None:
+                    finished(owner)
+        sched.update_from_output(out, _model_output(sched, out, samplers, stop_at, make.sample))
+        if client_of:  # a request leaves the scheduler only by finishing in the step that scheduled it
+            live = sched.requests
+            for rid in out.num_scheduled_tokens:
+                if rid not in live:
+                    owner = client_of.pop(rid, None)
+                    if owner is not None:
+                        finished(owner)
     stats.steps = step
     stats.virtual_s = now
     stats.wall_s = time.perf_counter() - wall0
     stats.cpu_s = time.thread_time() - cpu0
     return stats
+
+
+def flushes_when_idle(w: Workload) -> bool:
+    """Whether the recorded engine core ran one more step once its last request had
+    finished, scheduling nothing and reporting the finished requests (its ``finished``
+    list), as ``EngineCore.run_busy_loop`` does while the scheduler ``has_requests()``: a
+    server, ``AsyncLLM``, ``LLM`` with its engine core in a process of its own. An engine
+    core that ``LLM`` steps in its own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
+    ``LLMEngine.step`` while the front end has unfinished requests) stops at the last
+    finish; its next step, if any, reports them. Read from the recording: its last step
+    comes after its last finish (True), or is the step of it (False); True when some
+    request never finished or nothing was recorded (a timed trace)."""
+    finishes = [r.finish_step for r in w.requests if r.finish_step is not None]
+    if not finishes or w.unfinished or w.last_step < 0:
+        return True
+    return w.last_step > max(finishes)
 
 
 def _abort_due(r: WorkloadRequest, step: int, now: float, mode: str) -> bool:
