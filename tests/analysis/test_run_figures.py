@@ -16,7 +16,8 @@ from tests._events import Stream, scenario_preempt, records
 from tests.conftest import QUICK_WORKLOAD, requires_vllm, run_cli
 from vllm_probe.analysis.expected import DIFFERS, MATCHES, NOT_RECORDED
 from vllm_probe.analysis.state import RunState
-from vllm_probe.analysis.summary import default_boundaries, summarize, summarize_events
+from vllm_probe.analysis.summary import summarize, summarize_events
+from vllm_probe.analysis.summary_types import default_boundaries
 from vllm_probe.runs.rundir import write_meta
 from vllm_probe.schema.records import from_dict
 from vllm_probe.tui.plain import PlainFormatter

@@ -13,7 +13,8 @@ import pytest
 from rich.console import Console
 
 from tests._events import scenario_chunked
-from vllm_probe.analysis.summary import SpeedMark, analyze_events, summarize_events
+from vllm_probe.analysis.summary import analyze_events, summarize_events
+from vllm_probe.analysis.summary_types import SpeedMark
 
 
 def _marked(engine: int, pid: int, start: float | None, ends: list[float | None]):

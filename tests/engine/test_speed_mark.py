@@ -92,7 +92,8 @@ def test_the_engine_writes_a_mark_when_the_probe_starts_and_at_its_end(tmp_path)
     """The first mark goes on engine_config (taken as the scheduler is built, before its
     first step), the second on the final probe_stats (taken at close); the summary keeps
     both, their geometric mean as the run's mark and how the host's speed moved."""
-    from vllm_probe.analysis.summary import SpeedMark, summarize
+    from vllm_probe.analysis.summary import summarize
+    from vllm_probe.analysis.summary_types import SpeedMark
 
     events = _probed_run(tmp_path / "run", _marks([1000.0, 1210.0]))
     config, stats = events[0], events[-1]
@@ -109,7 +110,8 @@ def test_the_engine_writes_a_mark_when_the_probe_starts_and_at_its_end(tmp_path)
 
 @requires_vllm
 def test_the_default_mark_is_measured_and_a_replay_writes_none(tmp_path):
-    from vllm_probe.analysis.summary import SpeedMark, summarize
+    from vllm_probe.analysis.summary import summarize
+    from vllm_probe.analysis.summary_types import SpeedMark
 
     events = _probed_run(tmp_path / "real", "default")
     assert events[0]["speed_mark_us"] > 0 and events[-1]["speed_mark_us"] > 0

@@ -55,7 +55,7 @@ def test_no_negative_intercept():
 
 
 def _summary(command, budget, ttft, ttft_steps):
-    from vllm_probe.analysis.summary import Summary
+    from vllm_probe.analysis.summary_types import Summary
 
     s = Summary(run_dir=f"/r/{command[0]}-{budget}", command=command, config={"max_num_batched_tokens": budget})
     s.latency.ttft_s.median = ttft

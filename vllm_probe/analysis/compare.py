@@ -42,7 +42,7 @@ from typing import Any
 from .expected import DIFFERS
 from .catalogue import BY_NAME, CATALOGUE, STEPS, WALL, Figure
 from .paths import S, FigurePath
-from .summary import CONFIG_KEYS, Summary
+from .summary_types import CONFIG_KEYS, Summary
 
 @dataclass(frozen=True)
 class Group:

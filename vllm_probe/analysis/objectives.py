@@ -29,7 +29,8 @@ from .catalogue import CATALOGUE, Figure
 from .figures import quantile
 from .requests import RequestState
 from .state import RunState
-from .summary import Summary, summarize
+from .summary import summarize
+from .summary_types import Summary
 
 
 #: A figure goals, SLOs and objectives are written in: an entry of the catalogue.

@@ -23,7 +23,7 @@ import types
 import typing
 from typing import Any, Union
 
-from .summary import Summary
+from .summary_types import Summary
 
 #: A step: ("attr", name), ("item", index) or ("key", key).
 Step = tuple[str, Any]

@@ -45,7 +45,8 @@ from .figures import Distribution, quantile
 from .objectives import from_summary
 from .series import LATENCY_FIELDS, MAX_BUCKETS, PageSeries
 from .state import Listeners, RunState
-from .summary import Summary, analyze, class_names, summarize
+from .summary import analyze, summarize
+from .summary_types import Summary, class_names
 
 #: Points of a latency distribution's curve (an empirical CDF): a class with more
 #: finished requests is drawn through this many quantiles, its least and largest value

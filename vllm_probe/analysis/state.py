@@ -15,7 +15,6 @@ Requests and their timings: :mod:`vllm_probe.analysis.requests`.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from typing import Any
 from collections.abc import Callable, Iterable
 
@@ -238,8 +237,8 @@ class RunState:
 
     def _step(self, eng: EngineState, ev: Any) -> None:
         # the hot path of every reader (most lines are steps): each field and attribute is
-        # read once into a local, bound_by and Buckets.add are inlined, and the
-        # schedule-time buckets are kept only when a consumer asks (``buckets``)
+        # read once into a local, bound_by is inlined, and the schedule-time buckets are
+        # kept only when a consumer asks (``buckets``)
         step = ev.step
         last_step = eng.last_step
         if step is None:
@@ -260,10 +259,8 @@ class RunState:
         schedule_us = ev.schedule_us
         if schedule_us is None:
             schedule_us = 0.0
-        elif self.buckets:  # Buckets.add inlined
-            schedule_s, sched_hist = schedule_us * 1e-6, eng.schedule_s
-            sched_hist.counts[bisect_left(sched_hist.bounds, schedule_s)] += 1
-            sched_hist.sum += schedule_s
+        elif self.buckets:
+            eng.schedule_s.add(schedule_us * 1e-6)
         eng.scheduled_tokens += scheduled
         if prefill:
             eng.prefill_tokens += prefill
@@ -303,15 +300,9 @@ class RunState:
         eng.running_total += running
         eng.waiting_total += waiting
         eng.kv_total += kv
-        if running > timeline.running_max:
-            timeline.running_max = running
-        if waiting:
-            if waiting > timeline.waiting_max:
-                timeline.waiting_max = waiting
-            if not scheduled:
-                eng.idle_waiting_steps += 1
-        if kv > timeline.kv_max:
-            timeline.kv_max = kv
+        timeline.peaks(running, waiting, kv)
+        if waiting and not scheduled:
+            eng.idle_waiting_steps += 1
         # only a stall, a full-budget step or an open run can start, extend or end a run
         if timeline.runs_open or (waiting and (not scheduled or (budget and scheduled >= FULL_BUDGET_SHARE * budget))):
             timeline.runs(step, scheduled, budget_or_0, prefill or 0, waiting, blocked)
@@ -323,6 +314,11 @@ class RunState:
         key = (scheduled, budget_or_0)
         hist = eng.step_tokens
         hist[key] = hist.get(key, 0) + 1
+        self._step_end(eng, ev, step, ts, schedule_us)
+
+    def _step_end(self, eng: EngineState, ev: Any, step: int, ts: float, schedule_us: float) -> None:
+        """The rest of a step event: its timing (``schedule_us`` in µs, ``ts`` in seconds),
+        the requests it finished and the first tokens it delivered."""
         if schedule_us > eng.schedule_us_max:
             eng.schedule_us_max = schedule_us
         start = ts - schedule_us * 1e-6

@@ -237,6 +237,16 @@ class Timeline:
         self.running_max = self.waiting_max = 0
         self.kv_max = 0.0
 
+    def peaks(self, running: int, waiting: int, kv: float) -> None:
+        """Keep the open span's maxima: ``running``/``waiting`` in requests, ``kv`` the
+        KV-cache usage (0–1) after this step."""
+        if running > self.running_max:
+            self.running_max = running
+        if waiting > self.waiting_max:
+            self.waiting_max = waiting
+        if kv > self.kv_max:
+            self.kv_max = kv
+
     def runs(self, step: int, scheduled: int, budget: int, prefill: int, waiting: int,
              head_blocked: str | None) -> None:
         """Extend or close the stall and prefill-block runs with one step (its tokens, the

@@ -46,7 +46,7 @@ from ..analysis.figures import (
 from ..analysis.engine_state import EngineState
 from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
-from ..analysis.summary import CONFIG_KEYS
+from ..analysis.summary_types import CONFIG_KEYS
 from ..analysis.follow import READ_CHUNK, LiveRun
 from ..runs.reader import Follower, ReadStats
 

@@ -40,7 +40,7 @@ from ..analysis.catalogue import BY_NAME
 from ..analysis.text import fmt_duration, fmt_figure
 from ..analysis.objectives import OBJECTIVES
 from ..analysis.report import RunPage, Sweep
-from ..analysis.summary import CONFIG_KEYS
+from ..analysis.summary_types import CONFIG_KEYS
 from ..exporters.base import output_stream
 from .charts import STEPS_RANGE, TIME_RANGE, chunks_chart, latency_charts, lines_of, sweep_charts, timelines
 

@@ -32,7 +32,8 @@ from typing import Any
 
 from .. import __version__, envvars
 from ..analysis.compare import relative_errors
-from ..analysis.summary import Summary, analyze_story
+from ..analysis.summary import analyze_story
+from ..analysis.summary_types import Summary
 from ..analysis.workload import Workload, load_workload
 from ..engine.sink import EventSink
 from ..runs.rundir import META_FILE, atomic_dir, read_meta, write_meta

@@ -41,7 +41,7 @@ from typing import Any
 
 from ..analysis.catalogue import BY_NAME
 from ..analysis.objectives import measure
-from ..analysis.summary import Summary
+from ..analysis.summary_types import Summary
 from ..analysis.workload import WorkloadError
 from .arrivals import Arrivals
 from .engine_args import SettingError

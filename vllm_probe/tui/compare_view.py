@@ -17,7 +17,7 @@ from rich.text import Text
 
 from ..analysis.catalogue import STEPS, WALL, Figure
 from ..analysis.compare import GROUPS, comparison, delta
-from ..analysis.summary import Summary
+from ..analysis.summary_types import Summary
 from .format import figure, pct, prompt_class, signed, signed_pct
 
 #: How a group's verdict reads, and its style.

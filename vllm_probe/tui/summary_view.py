@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..analysis.expected import DIFFERS, MATCHES, NOT_V1, UNKNOWN as NOT_AN_ARG
 from ..analysis.figures import Distribution
-from ..analysis.summary import LatencyClass, LatencyClasses, Summary
+from ..analysis.summary_types import LatencyClass, LatencyClasses, Summary
 from .format import UNKNOWN, count, figure, kv_capacity_compact, pct, prompt_class, share_of, triple
 
 
