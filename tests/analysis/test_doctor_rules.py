@@ -10,7 +10,8 @@ from tests._events import Stream, records
 from vllm_probe.analysis.doctor import CRITICAL, INFO, WARNING, Expectation, diagnose, rules
 from vllm_probe.analysis.doctor.context import Context
 from vllm_probe.analysis.doctor.rules import stall
-from vllm_probe.analysis.episodes import Episodes, notable_moments
+from vllm_probe.analysis.episodes import Episodes
+from vllm_probe.analysis.moments import notable_moments
 from vllm_probe.analysis.state import RunState
 
 

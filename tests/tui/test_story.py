@@ -11,7 +11,8 @@ from rich.console import Console
 from tests._events import records
 from tests.analysis.test_doctor_rules import Run
 from vllm_probe.analysis.doctor import diagnose
-from vllm_probe.analysis.episodes import Episodes, notable_moments
+from vllm_probe.analysis.episodes import Episodes
+from vllm_probe.analysis.moments import notable_moments
 from vllm_probe.analysis.state import RunState
 from vllm_probe.tui import watch
 from vllm_probe.tui.dashboard import View

@@ -40,7 +40,8 @@ from ..schema.engine_settings import ENGINE_SETTINGS
 from .doctor import Finding, Report, all_clear, diagnose, expected_of_meta
 from .doctor.context import Context
 from .doctor.rules import RULES
-from .episodes import Episodes, notable_moments
+from .episodes import Episodes
+from .moments import notable_moments
 from .figures import Distribution, quantile
 from .objectives import from_summary
 from .series import LATENCY_FIELDS, MAX_BUCKETS, PageSeries

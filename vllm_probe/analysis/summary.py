@@ -162,7 +162,8 @@ def analyze_story(run_dir: str | Path, stats: ReadStats | None = None,
     """:func:`analyze` with the doctor's episodes following the state, and the summary's
     ``moments`` filled (``vllm-probe summary``: the whole-run overview is drawn from the
     state's timelines). Raises like :func:`analyze`."""
-    from .episodes import Episodes, notable_moments
+    from .episodes import Episodes
+    from .moments import notable_moments
 
     episodes = Episodes()
     state, summary = analyze(run_dir, stats, listener=episodes, boundaries=boundaries)

@@ -18,7 +18,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
-from ..analysis.episodes import Moment
+from ..analysis.moments import Moment
 from ..analysis.engine_state import EngineState, StepRecord
 from ..analysis.timeline import Timeline
 from .charts import (

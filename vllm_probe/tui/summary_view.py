@@ -251,7 +251,7 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
 
 def _story(s: Summary, width: int, engines: list) -> list[Any]:
     """The whole-run overview chart and the notable moments (:mod:`vllm_probe.tui.story`)."""
-    from ..analysis.episodes import Moment
+    from ..analysis.moments import Moment
     from .story import moments_panel, overview_panel
 
     rows = 14 + 8 * (len(engines) - 1)

@@ -32,7 +32,7 @@ from ..runs.launcher import (
 from ..runs.reader import iter_run
 from ..runs.rundir import read_meta
 from ..settings import Settings
-from ..analysis.episodes import notable_moments
+from ..analysis.moments import notable_moments
 from ..analysis.follow import LiveRun
 from ..analysis.window import retention_note
 from .dashboard import View

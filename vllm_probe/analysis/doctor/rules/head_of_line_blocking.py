@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from ...episodes import QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes, Wait
+from ...episodes import QUEUE_SHARE_OF_TTFT, SHORT_PROMPT_SHARE, EngineEpisodes
+from ...episode_types import Wait
 from ..context import (
     MEASURED, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, pct_range, round_up, rounded, steps_text, wrote,
 )

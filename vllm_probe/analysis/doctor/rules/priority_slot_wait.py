@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ...episodes import PRIORITY_WAIT_MIN_STEPS
+from ...episode_types import PRIORITY_WAIT_MIN_STEPS
 from ..context import Context, engine_of, engines_of, steps_text
 from ...text import fmt_count, fmt_count_or
 from ..evidence import Evidence

@@ -13,7 +13,8 @@ from typing import Any
 
 import msgspec
 
-from ...episodes import EngineEpisodes, Wait
+from ...episodes import EngineEpisodes
+from ...episode_types import Wait
 from ..context import MEASURED, Context, engine_of, engines_of, reasons_text, steps_text, wrote
 from ...text import fmt_count, fmt_pct
 from ..evidence import Evidence
