@@ -449,67 +449,84 @@ def sweep_charts(sweep: Sweep) -> list[Any]:
         ticks = sorted(set(values)) if numeric else []
         if 0 < len(ticks) <= MAX_TICKS:
             p.xaxis.ticker = ticks  # the values replayed, each labelled (a log axis labels only decades)
-        groups: dict[tuple[Any, ...], list[Any]] = {}
-        for pt in sweep.points:
-            if pt.kind == "predicted":
-                groups.setdefault(tuple(pt.settings.get(k) for k in others), []).append(pt)
-        for pt in sweep.points:  # the replay at the recorded settings belongs on its group's line
-            group = tuple(pt.settings.get(k) for k in others)
-            if pt.kind == "baseline" and group in groups and all(q.settings.get(key) != pt.settings.get(key)
-                                                                 for q in groups[group]):
-                groups[group].append(pt)
-        for gi, (group, pts) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
-            pts = sorted((pt for pt in pts if pt.settings.get(key) is not None and pt.figures.get(name) is not None),
-                         key=lambda pt: (str(type(pt.settings[key])), pt.settings[key]))
-            if not pts:
-                continue
-            color = Category10_10[gi % 10]
-            glabel = ", ".join(f"{k}={v}" for k, v in zip(others, group)) or "predicted"
-            src = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in pts],
-                                    "y": [pt.figures[name] for pt in pts],
-                                    "label": [pt.label for pt in pts],
-                                    "meets": ["yes" if pt.meets else "no" if pt.meets is False else "" for pt in pts]})
-            p.line("x", "y", source=src, color=color, line_width=1.5, legend_label=glabel)
-            r = p.scatter("x", "y", source=src, color=color, size=9, legend_label=glabel)
-            p.add_tools(HoverTool(renderers=[r], tooltips=[("", "@label"), (name, "@y"), ("meets the SLOs", "@meets")]))
-            with_iv = [pt for pt in pts if name in pt.intervals]
-            if with_iv:
-                wsrc = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in with_iv],
-                                         "lo": [pt.intervals[name].lo for pt in with_iv],
-                                         "hi": [pt.intervals[name].hi for pt in with_iv]})
-                p.add_layout(Whisker(source=wsrc, base="x", lower="lo", upper="hi", line_color=color))
-        for kind in ("baseline", "recorded", "real"):
-            pts = [pt for pt in sweep.points if pt.kind == kind and pt.settings.get(key) is not None
-                   and pt.figures.get(name) is not None]
-            if not pts:
-                continue
-            marker, size, label = POINT_STYLE[kind]
-            color = {"baseline": "#555555", "recorded": "#000000", "real": PREEMPT}[kind]
-            src = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in pts],
-                                    "y": [pt.figures[name] for pt in pts], "label": [pt.label for pt in pts]})
-            r = p.scatter("x", "y", source=src, marker=marker, size=size, color=color, fill_alpha=0.6,
-                          legend_label=label)
-            p.add_tools(HoverTool(renderers=[r], tooltips=[("", "@label"), (name, "@y")]))
-            with_iv = [pt for pt in pts if name in pt.intervals]
-            if with_iv:
-                wsrc = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in with_iv],
-                                         "lo": [pt.intervals[name].lo for pt in with_iv],
-                                         "hi": [pt.intervals[name].hi for pt in with_iv]})
-                p.add_layout(Whisker(source=wsrc, base="x", lower="lo", upper="hi", line_color=color))
-        rec = [pt for pt in sweep.points if pt.recommended and pt.figures.get(name) is not None
-               and pt.settings.get(key) is not None]
-        if rec:
-            best: Any = rec[0].figures[name]
-            p.scatter([_axis_value(rec[0].settings[key])], [best], marker="circle", size=22,
-                      fill_alpha=0, line_color="#000000", line_width=2, legend_label="recommended")
-        for slo in sweep.slos:
-            if slo.get("figure") == name and isinstance(slo.get("value"), (int, float)):
-                p.add_layout(Span(location=float(slo["value"]), dimension="width", line_color=PREEMPT,
-                                  line_dash="dashed", line_width=1.5))
-                if values:  # an invisible point at the SLO: the y axis's automatic range takes it in
-                    p.scatter([_axis_value(values[0])], [float(slo["value"])], alpha=0)
-                p.add_layout(Label(x=0, y=float(slo["value"]), x_units="screen", text=f"SLO {slo.get('op', '')} "
-                                   f"{slo['value']}", text_font_size="8pt", text_color=PREEMPT, y_offset=2))
+        _predicted_lines(p, sweep, name, key, others)
+        _marked_points(p, sweep, name, key)
+        _recommended_and_slos(p, sweep, name, key, values)
         _legend(p)
         out.append(p)
     return out
+
+
+def _predicted_lines(p: Any, sweep: Sweep, name: str, key: str, others: list[str]) -> None:
+    """A line per value of the other settings through the predicted points (the replay at
+    the recorded settings on its group's line), hover and whiskers."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for pt in sweep.points:
+        if pt.kind == "predicted":
+            groups.setdefault(tuple(pt.settings.get(k) for k in others), []).append(pt)
+    for pt in sweep.points:  # the replay at the recorded settings belongs on its group's line
+        group = tuple(pt.settings.get(k) for k in others)
+        if pt.kind == "baseline" and group in groups and all(q.settings.get(key) != pt.settings.get(key)
+                                                             for q in groups[group]):
+            groups[group].append(pt)
+    for gi, (group, pts) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+        pts = sorted((pt for pt in pts if pt.settings.get(key) is not None and pt.figures.get(name) is not None),
+                     key=lambda pt: (str(type(pt.settings[key])), pt.settings[key]))
+        if not pts:
+            continue
+        color = Category10_10[gi % 10]
+        glabel = ", ".join(f"{k}={v}" for k, v in zip(others, group)) or "predicted"
+        src = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in pts],
+                                "y": [pt.figures[name] for pt in pts],
+                                "label": [pt.label for pt in pts],
+                                "meets": ["yes" if pt.meets else "no" if pt.meets is False else "" for pt in pts]})
+        p.line("x", "y", source=src, color=color, line_width=1.5, legend_label=glabel)
+        r = p.scatter("x", "y", source=src, color=color, size=9, legend_label=glabel)
+        p.add_tools(HoverTool(renderers=[r], tooltips=[("", "@label"), (name, "@y"), ("meets the SLOs", "@meets")]))
+        _whiskers(p, pts, name, key, color)
+
+
+def _marked_points(p: Any, sweep: Sweep, name: str, key: str) -> None:
+    """The replay at the recorded settings, the recorded run and real runs, each in its
+    :data:`POINT_STYLE`, with hover and whiskers."""
+    for kind in ("baseline", "recorded", "real"):
+        pts = [pt for pt in sweep.points if pt.kind == kind and pt.settings.get(key) is not None
+               and pt.figures.get(name) is not None]
+        if not pts:
+            continue
+        marker, size, label = POINT_STYLE[kind]
+        color = {"baseline": "#555555", "recorded": "#000000", "real": PREEMPT}[kind]
+        src = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in pts],
+                                "y": [pt.figures[name] for pt in pts], "label": [pt.label for pt in pts]})
+        r = p.scatter("x", "y", source=src, marker=marker, size=size, color=color, fill_alpha=0.6,
+                      legend_label=label)
+        p.add_tools(HoverTool(renderers=[r], tooltips=[("", "@label"), (name, "@y")]))
+        _whiskers(p, pts, name, key, color)
+
+
+def _whiskers(p: Any, pts: list[Any], name: str, key: str, color: str) -> None:
+    """Each point's interval of ``name`` as a whisker, where the point has one."""
+    with_iv = [pt for pt in pts if name in pt.intervals]
+    if with_iv:
+        wsrc = ColumnDataSource({"x": [_axis_value(pt.settings[key]) for pt in with_iv],
+                                 "lo": [pt.intervals[name].lo for pt in with_iv],
+                                 "hi": [pt.intervals[name].hi for pt in with_iv]})
+        p.add_layout(Whisker(source=wsrc, base="x", lower="lo", upper="hi", line_color=color))
+
+
+def _recommended_and_slos(p: Any, sweep: Sweep, name: str, key: str, values: list[Any]) -> None:
+    """``tune``'s recommendation ringed and its SLOs on ``name`` as dashed lines."""
+    rec = [pt for pt in sweep.points if pt.recommended and pt.figures.get(name) is not None
+           and pt.settings.get(key) is not None]
+    if rec:
+        best: Any = rec[0].figures[name]
+        p.scatter([_axis_value(rec[0].settings[key])], [best], marker="circle", size=22,
+                  fill_alpha=0, line_color="#000000", line_width=2, legend_label="recommended")
+    for slo in sweep.slos:
+        if slo.get("figure") == name and isinstance(slo.get("value"), (int, float)):
+            p.add_layout(Span(location=float(slo["value"]), dimension="width", line_color=PREEMPT,
+                              line_dash="dashed", line_width=1.5))
+            if values:  # an invisible point at the SLO: the y axis's automatic range takes it in
+                p.scatter([_axis_value(values[0])], [float(slo["value"])], alpha=0)
+            p.add_layout(Label(x=0, y=float(slo["value"]), x_units="screen", text=f"SLO {slo.get('op', '')} "
+                               f"{slo['value']}", text_font_size="8pt", text_color=PREEMPT, y_offset=2))

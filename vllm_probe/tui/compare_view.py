@@ -104,7 +104,21 @@ def render(summaries: list[Summary]) -> RichGroup:
         parts.append(Text(f"  [{i + 1}] {label}: {s.run_dir}" + ("  (baseline)" if i == 0 else ""), style="dim"))
         if s.retention:
             parts.append(Text(f"      {s.retention}", style="yellow"))
+    parts += [_differences(summaries, data), *_notes(summaries, data), _figures(summaries, data)]
+    classes = list(summaries[0].latency_classes.classes)
+    if any(r["path"].startswith("latency_classes.") for r in data["figures"]):
+        parts.append(Text("prompt classes (the baseline's): " + ", ".join(prompt_class(c) for c in classes)
+                          + " tokens", style="dim"))
 
+    parts.append(Text("Verdicts", style="bold underline"))
+    for v in data["verdicts"]:
+        label = f"[{v['run'] + 1}] vs [1]" if len(summaries) > 2 else ""
+        parts.append(verdict_line(v, label))
+    return RichGroup(*parts)
+
+
+def _differences(summaries: list[Summary], data: dict[str, Any]) -> Table:
+    """The settings (and command, and settings-file checks) in which the runs differ."""
     cfg = Table(title="Differences", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
                 pad_edge=False)
     cfg.add_column("setting", style="dim")
@@ -123,7 +137,13 @@ def render(summaries: list[Summary]) -> RichGroup:
             if s.expected else "(no file)" for run, s in zip(expected, summaries)])
     if not diffs and not cmd and not (expected and any(expected)):
         cfg.add_row("(none)", *["" for _ in summaries])
-    parts.append(cfg)
+    return cfg
+
+
+def _notes(summaries: list[Summary], data: dict[str, Any]) -> list[Text]:
+    """What a reader must know before the figures: workloads, noise, budgets, predictions,
+    the machine, identical decisions."""
+    parts: list[Text] = []
     workload = {(s.requests_finished + s.requests_unfinished, s.prompt_tokens) for s in summaries}
     if len(workload) > 1:
         parts.append(Text("note: the runs served different workloads (request count or prompt tokens differ)",
@@ -152,7 +172,11 @@ def render(summaries: list[Summary]) -> RichGroup:
     if same:
         parts.append(Text(f"{', '.join(same)}: every step figure equals [1]'s — the scheduler made the same decisions, "
                           "so every difference in seconds is the machine's (all marked ≈).", style="yellow"))
+    return parts
 
+
+def _figures(summaries: list[Summary], data: dict[str, Any]) -> Table:
+    """The figures side by side, grouped (step figures first, then seconds), with deltas."""
     t = Table(title="Figures", title_justify="left", title_style="bold underline", box=box.SIMPLE_HEAD,
               pad_edge=False)
     t.add_column("", no_wrap=True)
@@ -182,14 +206,4 @@ def render(summaries: list[Summary]) -> RichGroup:
             for i, v in enumerate(r["values"][1:]):
                 cells += [figure(v, r["unit"]), _fmt_delta(r, i)]
             t.add_row(Text("  " + r["figure"], style="dim"), *cells)
-    parts.append(t)
-    classes = list(summaries[0].latency_classes.classes)
-    if any(r["path"].startswith("latency_classes.") for r in data["figures"]):
-        parts.append(Text("prompt classes (the baseline's): " + ", ".join(prompt_class(c) for c in classes)
-                          + " tokens", style="dim"))
-
-    parts.append(Text("Verdicts", style="bold underline"))
-    for v in data["verdicts"]:
-        label = f"[{v['run'] + 1}] vs [1]" if len(summaries) > 2 else ""
-        parts.append(verdict_line(v, label))
-    return RichGroup(*parts)
+    return t

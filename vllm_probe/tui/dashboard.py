@@ -147,37 +147,15 @@ def _prefix_hits(state: RunState, cfg: Any) -> list[Any]:
 
 def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: View, now: float,
             compact: bool = False) -> tuple[Panel, int]:
+    """The header: status, the engine configuration, elapsed time, steps and step rate,
+    ``schedule()`` time (µs), the longest queues, events read and warnings; returns the
+    panel and its rows (``compact``: the configuration on one line)."""
     cmd = " ".join(str(c) for c in meta.get("command") or []) or view.run_dir or "?"
     cfg = state.config
     lines: list[Text] = []
     status = Text(view.status or "", style=view.status_style)
     lines.append(line(status, ("  " if view.status else ""), (view.run_dir, "dim")))
-    if cfg is not None:
-        kv_main, kv_detail = kv_capacity(cfg.kv_capacity_tokens, cfg.num_kv_blocks, cfg.block_size)
-        cfg_a = [
-            ("vLLM ", "dim"), (cfg.vllm_version or "?", "bold"), sep(),
-            cfg.scheduler_class or "?", sep(),
-            ("token budget ", "dim"), (count(cfg.max_num_batched_tokens), "bold"), (" tok", "dim"), sep(),
-            ("max_num_seqs ", "dim"), count(cfg.max_num_seqs), sep(),
-            ("max_model_len ", "dim"), count(cfg.max_model_len),
-            *((sep(), ("data-parallel ranks ", "dim"), str(cfg.data_parallel_size))
-              if (cfg.data_parallel_size or 1) > 1 else ()),
-        ]
-        cfg_b = [
-            ("chunked prefill ", "dim"), "on" if cfg.enable_chunked_prefill else "off",
-            (f" (cap {count(cfg.long_prefill_token_threshold)} tok)"
-             if cfg.long_prefill_token_threshold else ""), sep(),
-            ("KV cache ", "dim"), (kv_main, "bold"), (" " + kv_detail, "dim"), sep(),
-            ("policy ", "dim"), cfg.scheduling_policy or "?", sep(),
-            ("prefix caching ", "dim"), "on" if cfg.prefix_caching else "off", *_prefix_hits(state, cfg), sep(),
-            ("async scheduling ", "dim"), "on" if cfg.async_scheduling else "off",
-        ]
-        if compact:
-            lines.append(line(*cfg_a, sep(), *cfg_b))
-        else:
-            lines += [line(*cfg_a), line(*cfg_b)]
-    else:
-        lines.append(line(("no engine_config yet (engine core starting, or the run has no events)", "dim")))
+    lines += _config_lines(state, cfg, compact)
     start = meta.get("start_time") or state.first_ts
     end = meta.get("end_time")
     elapsed = ((end if end else now) - start) if start else None
@@ -200,9 +178,53 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
     if state.engines:  # the longest queues of the whole run (the chart shows recent steps only)
         parts += [sep(), ("most running ", "dim"), count(max((e.running_max or 0) for e in state.engines.values())),
                   (" waiting ", "dim"), count(max((e.waiting_max or 0) for e in state.engines.values()))]
-    warnings: list[Any] = []
+    warnings = _warnings(state, stats, view)
     if stats is not None:
         parts += [sep(), (count(stats.events), ""), (" events", "dim")]
+    if state.last_ts is not None and not end and now - state.last_ts > STALE_AFTER_S:
+        parts += [sep(), (f"last event {duration(now - state.last_ts)} ago", "dim italic")]
+    lines.append(line(*parts))
+    if warnings:
+        joined: list[Any] = [("warning: ", WARN_STYLE)]
+        for i, w in enumerate(warnings):
+            joined += ([sep()] if i else []) + [w]
+        lines.append(line(*joined))
+    title = Text.assemble(("vllm-probe ", "bold"), (cmd, ""), no_wrap=True, overflow="ellipsis")
+    return Panel(Group(*lines), title=title, title_align="left", box=box.ROUNDED, padding=(0, 1)), len(lines) + 2
+
+
+def _config_lines(state: RunState, cfg: Any, compact: bool) -> list[Text]:
+    """The header's engine-configuration lines (one when ``compact``)."""
+    if cfg is None:
+        return [line(("no engine_config yet (engine core starting, or the run has no events)", "dim"))]
+    kv_main, kv_detail = kv_capacity(cfg.kv_capacity_tokens, cfg.num_kv_blocks, cfg.block_size)
+    cfg_a = [
+        ("vLLM ", "dim"), (cfg.vllm_version or "?", "bold"), sep(),
+        cfg.scheduler_class or "?", sep(),
+        ("token budget ", "dim"), (count(cfg.max_num_batched_tokens), "bold"), (" tok", "dim"), sep(),
+        ("max_num_seqs ", "dim"), count(cfg.max_num_seqs), sep(),
+        ("max_model_len ", "dim"), count(cfg.max_model_len),
+        *((sep(), ("data-parallel ranks ", "dim"), str(cfg.data_parallel_size))
+          if (cfg.data_parallel_size or 1) > 1 else ()),
+    ]
+    cfg_b = [
+        ("chunked prefill ", "dim"), "on" if cfg.enable_chunked_prefill else "off",
+        (f" (cap {count(cfg.long_prefill_token_threshold)} tok)"
+         if cfg.long_prefill_token_threshold else ""), sep(),
+        ("KV cache ", "dim"), (kv_main, "bold"), (" " + kv_detail, "dim"), sep(),
+        ("policy ", "dim"), cfg.scheduling_policy or "?", sep(),
+        ("prefix caching ", "dim"), "on" if cfg.prefix_caching else "off", *_prefix_hits(state, cfg), sep(),
+        ("async scheduling ", "dim"), "on" if cfg.async_scheduling else "off",
+    ]
+    if compact:
+        return [line(*cfg_a, sep(), *cfg_b)]
+    return [line(*cfg_a), line(*cfg_b)]
+
+
+def _warnings(state: RunState, stats: ReadStats | None, view: View) -> list[Any]:
+    """The header's warnings: lines skipped, newer schema, events dropped, hooks off."""
+    warnings: list[Any] = []
+    if stats is not None:
         skipped = stats.skipped + view.truncated
         if skipped:
             what = [f"{n} {w}" for n, w in ((stats.malformed, "malformed"),
@@ -217,16 +239,7 @@ def header_panel(state: RunState, meta: dict, stats: ReadStats | None, view: Vie
     disabled = sorted({h for e in state.engines.values() for h in e.hooks_disabled})
     if disabled:
         warnings.append((f"hooks switched off after errors: {', '.join(disabled)}", WARN_STYLE))
-    if state.last_ts is not None and not end and now - state.last_ts > STALE_AFTER_S:
-        parts += [sep(), (f"last event {duration(now - state.last_ts)} ago", "dim italic")]
-    lines.append(line(*parts))
-    if warnings:
-        joined: list[Any] = [("warning: ", WARN_STYLE)]
-        for i, w in enumerate(warnings):
-            joined += ([sep()] if i else []) + [w]
-        lines.append(line(*joined))
-    title = Text.assemble(("vllm-probe ", "bold"), (cmd, ""), no_wrap=True, overflow="ellipsis")
-    return Panel(Group(*lines), title=title, title_align="left", box=box.ROUNDED, padding=(0, 1)), len(lines) + 2
+    return warnings
 
 
 def _limit_shares(ws: WindowStats) -> str:
@@ -392,7 +405,7 @@ def preemptions_panel(engines: list[EngineState], width: int, rows: int, multi: 
     return Panel(Group(*items), title=title, title_align="left", padding=(0, 1)), height
 
 
-def prefills_panel(engines: list[EngineState], width: int, rows: int, multi: bool) -> tuple[Panel | None, int]:
+def prefills_panel(engines: list[EngineState], width: int, rows: int, multi: bool) -> tuple[Panel, int]:
     inflight = [r for e in engines for r in e.prefills_in_flight()]
     if not inflight:
         return Panel(line(("no prefill in flight", "dim")), title="prefills in flight",

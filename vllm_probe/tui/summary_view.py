@@ -121,6 +121,31 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     """The one-screen view of a summary (side-by-side panels from ``width`` 110 on);
     with the run's ``engines`` (:class:`~vllm_probe.analysis.state.EngineState`), the
     whole-run overview and the notable moments at the end."""
+    lines = _heading(s)
+    run, cfg = _run_and_config(s)
+    steps, pre = _steps_and_preemptions(s)
+    queues, hits = _queues_and_prefix_cache(s)
+    if width >= 110:
+        grid = Table.grid(padding=(0, 4))
+        grid.add_column()
+        grid.add_column()
+        grid.add_row(run, cfg)
+        grid.add_row(steps, pre)
+        grid.add_row(queues, hits)
+        parts: list[Any] = [*lines, grid]
+    else:
+        parts = [*lines, run, cfg, steps, pre, queues, hits]
+    expected = expected_table(s)
+    if expected is not None:
+        parts.insert(len(lines), expected)
+    parts += [_latency_table(s), *latency_class_parts(s), *_notes(s)]
+    if engines:
+        parts += _story(s, width, engines)
+    return Group(*parts)
+
+
+def _heading(s: Summary) -> list[Text]:
+    """The run directory, what was read, the command, and what a reader must know first."""
     c = s.config
     head = Text.assemble(("vllm-probe summary ", "bold"), (s.run_dir, "cyan"))
     sub = [s.read.get("text", ""), f"{s.engines} engine core{'s' if s.engines != 1 else ''}"]
@@ -137,7 +162,12 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         before = (f"; {count(s.requests_before_window)} requests added before it are left out of the request "
                   "figures" if s.requests_before_window else "")
         lines.append(Text(s.retention + before, style="yellow"))
+    return lines
 
+
+def _run_and_config(s: Summary) -> tuple[Table, Table]:
+    """The run's totals and its effective configuration."""
+    c = s.config
     run = _kv("Run", [
         ("steps", figure(s.steps)),
         ("duration · busy", f"{figure(s.duration_s, 's')} · {figure(s.busy_s, 's')}"),
@@ -160,6 +190,11 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         ("policy", figure(c.get("scheduling_policy"))),
         ("async · prefix caching", f"{figure(c.get('async_scheduling'))} · {figure(c.get('prefix_caching'))}"),
     ])
+    return run, cfg
+
+
+def _steps_and_preemptions(s: Summary) -> tuple[Table, Table]:
+    """Tokens per step, budget use, schedule() time; preemptions, recompute and chunking."""
     steps = _kv("Steps", [
         ("tokens/step med·p90·max", triple(s.tokens_per_step)),
         ("budget use med·p90", f"{figure(s.budget_use.median, '%')} · {figure(s.budget_use.p90, '%')}"),
@@ -184,6 +219,12 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         ("KV re-read (§3.4)", f"{count(ch.reread_kv_tokens)} tokens"
          + (f" ({ch.reread_per_prefill_token:.2f}×)" if ch.reread_per_prefill_token is not None else "")),
     ])
+    return steps, pre
+
+
+def _queues_and_prefix_cache(s: Summary) -> tuple[Table, Table]:
+    """Queue lengths after each step; the prefix cache's hits."""
+    c = s.config
     q, pc = s.queues, s.prefix_cache
     max_seqs = c.get("max_num_seqs")
     queues = _kv("Queues after each step", [
@@ -202,7 +243,11 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
              share_of(pc.resumed_hit_tokens, pc.resumed_prefill_tokens, "tok to recompute"))
             if pc.resumed_passes else ("hits on re-admission", "none preempted"),
         ])
+    return queues, hits
 
+
+def _latency_table(s: Summary) -> Table:
+    """Latency per finished request: median, p90, max, count."""
     lat = Table(title="Latency per finished request", title_justify="left", title_style="bold underline",
                 box=box.SIMPLE, pad_edge=False)
     lat.add_column("", style="dim")
@@ -215,21 +260,12 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
     _dist_row(lat, "decode time", L.decode_s, "s")
     _dist_row(lat, "mean inter-token time", L.itl_s, "s")
     _dist_row(lat, "end-to-end (arrival to finish)", L.e2e_s, "s")
+    return lat
 
-    if width >= 110:
-        grid = Table.grid(padding=(0, 4))
-        grid.add_column()
-        grid.add_column()
-        grid.add_row(run, cfg)
-        grid.add_row(steps, pre)
-        grid.add_row(queues, hits)
-        parts: list[Any] = [*lines, grid]
-    else:
-        parts = [*lines, run, cfg, steps, pre, queues, hits]
-    expected = expected_table(s)
-    if expected is not None:
-        parts.insert(len(lines), expected)
-    parts += [lat, *latency_class_parts(s)]
+
+def _notes(s: Summary) -> list[Text]:
+    """Dim lines under the tables: limits, head-of-queue reasons, the probe's own losses."""
+    parts: list[Text] = []
     if s.bound_by:
         parts.append(Text("bound by (share of steps): " + " · ".join(
             f"{k} {figure(v, '%')}" for k, v in s.bound_by.items())
@@ -244,9 +280,7 @@ def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
         off = f", hooks switched off: {', '.join(s.probe_hooks_disabled)}" if s.probe_hooks_disabled else ""
         parts.append(Text(f"probe: {s.probe_dropped_events} events dropped, {s.probe_hook_errors} hook errors{off} "
                           "(figures may be incomplete)", style="yellow"))
-    if engines:
-        parts += _story(s, width, engines)
-    return Group(*parts)
+    return parts
 
 
 def _story(s: Summary, width: int, engines: list) -> list[Any]:
