@@ -42,12 +42,13 @@ from typing import Any
 from ..analysis.catalogue import BY_NAME
 from ..analysis.objectives import measure
 from ..analysis.summary_types import Summary
-from ..analysis.workload import WorkloadError
+from ..analysis.workload import Workload, WorkloadError
 from .arrivals import Arrivals
 from .engine_args import SettingError
 from .intervals import MIN_SPEED_SPREAD, TIMED, Spread, measure_spread, speed_range
 from .plan import (
-    BASELINE_TOLERANCES, DRIFT_NOTE, DRIFT_REPLAY, MODEL_SOURCES, ConfigResult, ProfileRefused, StepTimeChoice,
+    BASELINE_TOLERANCES, DRIFT_NOTE, DRIFT_REPLAY, MODEL_SOURCES, ConfigResult, ProfileRefused, ReplayPlan,
+    ReplayTask, StepTimeChoice,
     WhatifError, baseline_error, notes_of, prepare, quiet_vllm, require_vllm, run_all, setting_text, slug,
     step_time_model,
 )
@@ -153,9 +154,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     factors = plan.drift if drift and trace is None else []
     drift_on = bool(factors) and max(abs(f - 1) for _, f in factors) > DRIFT_REPLAY and mode == "timed"
     if plan.speed_drift > DRIFT_NOTE and not drift_on:
-        notes.append(f"the recorded run's step times drifted by up to ±{plan.speed_drift * 100:.0f} % between tenths "
-                     "of the run (the machine's speed changed while it ran); the model assumes one speed, so queues "
-                     "that built up in slow stretches are not replayed (docs/whatif.md)")
+        notes.append(_DRIFT_NOT_REPLAYED.format(drift=plan.speed_drift * 100))
     w = None
     if trace is not None:
         from ..exporters.trace import trace_workload
@@ -166,24 +165,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     grid = [dict(point) for point in grid if point] or []
     checked = [plan.check({})] + [plan.check(point) for point in grid]  # every point first
     out = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}-whatif"
-    names = ["baseline" if trace is None else "trace"] + [slug(p) for p in grid]
-    command = ["vllm-probe", "whatif", str(run_dir)]
-    if trace is not None:
-        command = ["vllm-probe", "whatif", "--trace", str(trace), "--like", str(run_dir)]
-    tasks = [plan.task(c[0], out / name, mode=mode, source=str(trace or run_dir), workload=w, checked=c,
-                       command=command + [a for k, v in c[0].items() for a in ("--set", f"{k}={setting_text(v)}")])
-             for name, c in zip(names, checked)]
-    if drift_on:  # the recording's speed over time: how much of the baseline's error is the machine's
-        tasks.append(plan.task({}, out / "baseline-recorded-speed", mode=mode, checked=checked[0],
-                               model=DriftModel(plan.model, factors)))
-    if trace is not None:  # the model's credibility: the like run against its own replay
-        tasks.insert(0, plan.task({}, out / "baseline", workload=plan.workload, checked=checked[0]))
-    slow, fast = speed_range(plan.drift)
-    at_speed = slow - fast > MIN_SPEED_SPREAD  # the baseline at the recording's slowest and fastest tenths
-    if at_speed:
-        tasks += [plan.task({}, out / name, workload=plan.workload if trace is not None else None, checked=checked[0],
-                            model=dataclasses.replace(plan.model, scale=plan.model.scale * f))
-                  for name, f in (("baseline-slowest-speed", slow), ("baseline-fastest-speed", fast))]
+    tasks, at_speed = _tasks(plan, grid, checked, out, mode, trace, w, factors if drift_on else [])
     results = run_all(tasks, jobs, progress)
     speeds = [results.pop(-2), results.pop()] if at_speed else []
     recorded = plan.recorded
@@ -205,6 +187,41 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
                         like=str(run_dir) if trace is not None else None, arrivals=plan.arrivals,
                         profile=plan.choice.profile, forced=plan.choice.forced, drift=drift_info,
                         step_time_model=plan.choice, spread=spread)
+
+
+#: The note when the recording's speed moved but its drift is not replayed.
+_DRIFT_NOT_REPLAYED = ("the recorded run's step times drifted by up to ±{drift:.0f} % between tenths of the run "
+                       "(the machine's speed changed while it ran); the model assumes one speed, so queues that "
+                       "built up in slow stretches are not replayed (docs/whatif.md)")
+
+
+def _tasks(plan: ReplayPlan, grid: list[dict[str, Any]], checked: list[Any], out: Path, mode: str,
+           trace: str | Path | None, w: Workload | None,
+           factors: list[tuple[int, float]]) -> tuple[list[ReplayTask], bool]:
+    """The replays of one ``whatif``, in the order :func:`predict` reads their results:
+    [the like run's own replay (``trace``)], the baseline (or the trace), each grid point,
+    [the recording's speed over time (``factors``)], [the baseline at the slowest and
+    fastest speed]; and whether those last two are there."""
+    run_dir = plan.run_dir
+    names = ["baseline" if trace is None else "trace"] + [slug(p) for p in grid]
+    command = ["vllm-probe", "whatif", str(run_dir)]
+    if trace is not None:
+        command = ["vllm-probe", "whatif", "--trace", str(trace), "--like", str(run_dir)]
+    tasks = [plan.task(c[0], out / name, mode=mode, source=str(trace or run_dir), workload=w, checked=c,
+                       command=command + [a for k, v in c[0].items() for a in ("--set", f"{k}={setting_text(v)}")])
+             for name, c in zip(names, checked)]
+    if factors:  # the recording's speed over time: how much of the baseline's error is the machine's
+        tasks.append(plan.task({}, out / "baseline-recorded-speed", mode=mode, checked=checked[0],
+                               model=DriftModel(plan.model, factors)))
+    if trace is not None:  # the model's credibility: the like run against its own replay
+        tasks.insert(0, plan.task({}, out / "baseline", workload=plan.workload, checked=checked[0]))
+    slow, fast = speed_range(plan.drift)
+    at_speed = slow - fast > MIN_SPEED_SPREAD  # the baseline at the recording's slowest and fastest tenths
+    if at_speed:
+        tasks += [plan.task({}, out / name, workload=plan.workload if trace is not None else None, checked=checked[0],
+                            model=dataclasses.replace(plan.model, scale=plan.model.scale * f))
+                  for name, f in (("baseline-slowest-speed", slow), ("baseline-fastest-speed", fast))]
+    return tasks, at_speed
 
 
 def _spread(drift: list[tuple[int, float]], recorded: Summary, baseline: ConfigResult,
