@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 import msgspec
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="vllm-probe-bench-") as tmp:
         base = args.dir or Path(tmp)
         rows = []
-        results = {}
+        results: dict[tuple[str, int], dict[str, Any]] = {}
         for n in (args.small, args.events):
             run = base / f"run-{n}"
             t = time.perf_counter()
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = measure(what, run, base / "out.jsonl")
                     if best is None or r["cpu_rate"] > best["cpu_rate"]:
                         best = r
+                assert best is not None
                 results[(what, n)] = best
                 rows.append(_row(what, best["events"], best))
                 print("  " + rows[-1], flush=True)
@@ -358,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                     r = measure(what, run, base / "out.jsonl")
                     if best is None or r["cpu_rate"] > best["cpu_rate"]:
                         best = r
+                assert best is not None
                 results[(what, args.events)] = best
         ratios = None
         if args.ratio:

@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -68,8 +69,8 @@ class Workload:
         self.ts = 1_800_000_000.0
         self.step = 0
         self.next_id = 0
-        self.waiting: deque[dict] = deque()
-        self.running: list[dict] = []
+        self.waiting: deque[dict[str, Any]] = deque()
+        self.running: list[dict[str, Any]] = []
         self.pid = 4242
 
     def _ev(self, kind: str, **fields) -> dict:
@@ -87,7 +88,7 @@ class Workload:
         out: list[dict] = []
         self.ts += self.step_s
         while len(self.waiting) < self.waiting_target:
-            req = {"id": f"req-{self.next_id}", "prompt": self.rng.randrange(1024, 4096),
+            req: dict[str, Any] = {"id": f"req-{self.next_id}", "prompt": self.rng.randrange(1024, 4096),
                    "max": self.rng.randrange(64, 512), "computed": 0, "out": 0, "pass_len": None, "chunk": 0,
                    "resumed": False, "pre": 0}
             req["pass_len"] = req["prompt"]

@@ -121,8 +121,9 @@ def write_run(run_dir: Path, steps: int, engine: int) -> int:
     return n
 
 
-def thread_cpu_s(thread: threading.Thread) -> float:
+def thread_cpu_s(thread: threading.Thread | None) -> float:
     """CPU seconds (user + system) of one thread of this process (Linux /proc)."""
+    assert thread is not None, "the thread has not started"
     with open(f"/proc/self/task/{thread.native_id}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

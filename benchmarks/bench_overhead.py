@@ -139,7 +139,7 @@ class Workload:
             return []
         from vllm_probe.sim import harness as testing
 
-        new = []
+        new: list[Any] = []
         while len(sched.waiting) + len(new) < STREAM_DEPTH:
             i = self.next_stream
             self.next_stream += 1
@@ -429,7 +429,7 @@ def e2e_server(cfg: E2EConfig) -> int:
 def _engine_core_process() -> Any:
     """The engine-core child process (vLLM titles it ``VLLM::EngineCore``), or None."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         for child in psutil.Process().children(recursive=True):
             if "EngineCore" in child.name() or "EngineCore" in " ".join(child.cmdline()):
@@ -466,6 +466,7 @@ class _Server:
         self._lines: queue.Queue[str | None] = queue.Queue()
 
         def pump() -> None:
+            assert self.proc.stdout is not None
             for line in self.proc.stdout:
                 self._lines.put(line.strip())
             self._lines.put(None)
@@ -491,6 +492,7 @@ class _Server:
         self._expect("READY", timeout)
 
     def call(self, cmd: str, timeout: float = 900) -> Any:
+        assert self.proc.stdin is not None
         self.proc.stdin.write(cmd + "\n")
         self.proc.stdin.flush()
         return json.loads(self._expect("BENCH_RESULT ", timeout))

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "long_prompts.py"
@@ -96,7 +97,8 @@ def order_of(run: Path) -> list[str]:
     from vllm_probe.runs.reader import ReadStats, iter_run
     from vllm_probe.schema.records import RequestAddedEvent
 
-    return [ev.req_id for ev in iter_run(run, ReadStats()) if isinstance(ev, RequestAddedEvent)]
+    added: list[Any] = [ev for ev in iter_run(run, ReadStats()) if isinstance(ev, RequestAddedEvent)]
+    return [ev.req_id for ev in added]
 
 
 def goal_figure(run: Path, goal: dict, recorded_order: list[str]) -> float | None:
@@ -176,7 +178,7 @@ def plan_row(name: str, base: Path, rerun_at, budget: float) -> dict:
         figure = label.split(" (")[0]
         goal = {"figure": figure, "requests": []}
         if f.get("goal"):
-            goal_f = next((x for x in doc["findings"] if x["id"] == f["goal"]), {})
+            goal_f: dict[str, Any] = next((x for x in doc["findings"] if x["id"] == f["goal"]), {})
             goal["requests"] = ((goal_f.get("predicted") or {}).get("goal") or {}).get("requests") or []
         if figure in COUNTS:
             counts[label] = (f.get("predicted"), goal_figure(fixed, goal, order))
@@ -222,7 +224,7 @@ def plan_table(rows: list[dict]) -> list[str]:
 
 
 def plans_main(a: argparse.Namespace, names: list[str]) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in names:
         scenario = ROOT / "configs/scenarios" / f"{name}.yaml"
         print(f"{name}:", file=sys.stderr, flush=True)
@@ -278,7 +280,7 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     if not a.remedies:
         return plans_main(a, names)
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for name in names:
         scenario = ROOT / "configs/scenarios" / f"{name}.yaml"
         print(f"{name}:", file=sys.stderr, flush=True)
@@ -322,10 +324,10 @@ def main() -> int:
           "reached | doctor on the remedied run |")
     print("|---|---|---|---|---|---|---|---|---|---|")
 
-    def f(v):
+    def cell(v: Any) -> str:
         return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
     for row in rows:
-        print("| " + " | ".join(f(v) for v in row) + " |")
+        print("| " + " | ".join(cell(v) for v in row) + " |")
     return 0
 
 

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_REPORT = 2.0
@@ -64,6 +65,15 @@ FROM spans LEFT JOIN per_run USING (run_id) GROUP BY host, max_num_seqs ORDER BY
 
 def load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _fetch(query: str) -> list[tuple[Any, ...]]:
+    """The rows of one DuckDB query (a query always has a result relation)."""
+    import duckdb
+
+    rel = duckdb.sql(query)
+    assert rel is not None
+    return rel.fetchall()
 
 
 def timed(fn):
@@ -179,7 +189,6 @@ def same(a: list[tuple], b: list[tuple]) -> bool:
 
 
 def fleet(recordings: list[Path], n: int, work: Path) -> dict:
-    import duckdb
 
     from vllm_probe.analysis.summary import summarize
     from vllm_probe.exporters.parquet import export_parquet
@@ -190,8 +199,8 @@ def fleet(recordings: list[Path], n: int, work: Path) -> dict:
     secs_export, _ = timed(lambda: [export_parquet(r, tables / r.name) for r in runs])
     print(f"  export --format parquet of {n} runs: {secs_export:.2f} s   ({load()})", flush=True)
     query = FLEET_QUERY.format(fleet=tables)
-    duckdb.sql(query).fetchall()  # DuckDB's own start-up (extension loading) is not the query's
-    secs_query, rows = timed(lambda: duckdb.sql(query).fetchall())
+    _fetch(query)  # DuckDB's own start-up (extension loading) is not the query's
+    secs_query, rows = timed(lambda: _fetch(query))
     q_load = load()
     print(f"  DuckDB query over {n} runs' Parquet: {secs_query * 1000:.1f} ms   ({q_load})", flush=True)
 

@@ -2,7 +2,7 @@
 it changes the answer.
 
 Records a long hand-made run on vLLM's real scheduler (a virtual clock prices each step,
-tests/sim/_hand.py): ``--bursts`` light bursts (4 requests of 32 + 32 tokens, 2 s apart)
+benchmarks/_hand.py): ``--bursts`` light bursts (4 requests of 32 + 32 tokens, 2 s apart)
 with one preemption storm in the middle (16 requests of 64 + 100 tokens in 40 KV blocks).
 Then searches the storm's remedy (or, when the long run dilutes the storm's rate below its
 threshold, the preemption-thrash finding's) twice, on the whole run (``--whole-run``) and on the
@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from vllm_probe.analysis.doctor.findings import known
+from vllm_probe.analysis.doctor.findings import Finding, known
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
 def build(run_dir: Path, bursts: int) -> Path:
-    from tests.sim._hand import nonlinear_cost, record, workload
+    from benchmarks._hand import nonlinear_cost, record, workload
     from vllm_probe.analysis.workload import WorkloadRequest
 
     reqs: list[WorkloadRequest] = []
@@ -50,7 +50,7 @@ def build(run_dir: Path, bursts: int) -> Path:
     return record(run_dir, workload(reqs), nonlinear_cost, num_blocks=40, max_model_len=512)
 
 
-def search(run: Path, whole_run: bool) -> tuple[object, float, int, float]:
+def search(run: Path, whole_run: bool) -> tuple[Finding, float, int, float]:
     from vllm_probe.advice import remedies
     from vllm_probe.advice.evaluate import Evaluator
     from vllm_probe.analysis.doctor import examine
@@ -93,8 +93,9 @@ def main() -> int:
               f"(baseline included), search {wall:6.1f} s, replays {replay_s:6.1f} s; remedy "
               f"{f.remedy.whatif if f.remedy else None}"
               + (f"; stretch {st['first_step']:,}-{st['last_step']:,}" if st else ""))
-    same = [(t.settings, t.predicted, t.met) for t in known(rows[True].predicted.tried) or []] == \
-        [(t.settings, t.predicted, t.met) for t in known(rows[False].predicted.tried) or []]
+    tried = {whole: known(f.predicted.tried) or [] if f.predicted is not None else [] for whole, f in rows.items()}
+    same = [(t.settings, t.predicted, t.met) for t in tried[True]] == \
+        [(t.settings, t.predicted, t.met) for t in tried[False]]
     print(f"same changes tried with the same predictions: {same}")
     return 0
 

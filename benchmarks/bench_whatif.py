@@ -101,6 +101,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = ROOT / "examples" / "long_prompts.py"
@@ -250,9 +251,11 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
         real_dirs.append(run)
     for tag, result in (("profile", with_profile), ("recording-only", recording_only)):
         q = result.model.quality
+        assert q is not None  # a fitted model has its quality
         print(f"  {tag} model: {len(result.model.terms)} terms, R² {q.r2:.2f}, per-step error median "
               f"{q.median_abs_ms:.2f} ms, p90 {q.p90_abs_ms:.2f} ms", flush=True)
-    print(f"  predict(): {predict_s:.0f} s for 2 × {len(grid) + 1} replays; {with_profile.arrivals.describe()}")
+    arrivals = with_profile.arrivals.describe() if with_profile.arrivals is not None else "arrivals as recorded"
+    print(f"  predict(): {predict_s:.0f} s for 2 × {len(grid) + 1} replays; {arrivals}")
     if example is SERVER and (with_profile.arrivals is None or with_profile.arrivals.kind != "closed"):
         print("  warning: the closed loop was not detected; the replays used the model above", flush=True)
     figures = SCHEDULING + (("prefix-hit tokens", "hits"),) + TIMING if name.startswith("prefix") else (
@@ -268,7 +271,7 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
         return FIGURE[label].get(summary)
 
     recorded = summarize(base_dir)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for tag, result in (("profile", with_profile), ("rec-only", recording_only)):
         cells = [_rel(value(result.baseline.summary, label), value(recorded, label)) for label, _ in figures]
         print(f"  {'baseline (self-replay) ' + tag:34s}" + "".join(f"{c:>10s}" for c in cells) + f"{'1.00':>8s}")
@@ -290,8 +293,9 @@ def accuracy(name: str, parent: Path, jobs: int, profile: Path | None, max_secon
                          "speed": ratio, "machine_ratio": machine, "outside_region": out_share,
                          "predicted": {f: value(config.summary, f) for f, _ in figures},
                          "measured": {f: value(real, f) for f, _ in figures}})
-    arrivals = with_profile.arrivals.to_dict() if with_profile.arrivals else None
-    return {"workload": name, "description": text, "rows": rows, "load_avg": os.getloadavg()[0], "arrivals": arrivals,
+    arrivals_dict = with_profile.arrivals.to_dict() if with_profile.arrivals else None
+    return {"workload": name, "description": text, "rows": rows, "load_avg": os.getloadavg()[0],
+            "arrivals": arrivals_dict,
             "model": with_profile.model.to_dict(), "baseline_within": with_profile.error["within"]}, profile
 
 
@@ -388,7 +392,8 @@ class RealEngine:
 
 #: The stand-in's engine: budget 256, 16 sequences, 64 KV blocks of 16 tokens (tight:
 #: it preempts), max_model_len 480 (a request of it fits the grid's 32 blocks too).
-STAND_IN_SPEC = dict(max_num_batched_tokens=256, max_num_seqs=16, num_blocks=64, block_size=16, max_model_len=480)
+STAND_IN_SPEC: dict[str, Any] = dict(max_num_batched_tokens=256, max_num_seqs=16, num_blocks=64, block_size=16,
+                                     max_model_len=480)
 #: Whatif names of the grid's settings → SchedulerSpec fields.
 _SPEC_FIELDS = {"max_num_batched_tokens": "max_num_batched_tokens", "max_num_seqs": "max_num_seqs",
                 "num_kv_blocks": "num_blocks"}
@@ -545,7 +550,7 @@ def _pct(x: float | None) -> str:
 def repeat_rows(report: dict) -> list[list[str]]:
     """The table's rows, one per setting and figure: setting, figure, predicted (interval),
     real median (min–max), CV, error, covered, width ÷ spread, target met."""
-    rows = []
+    rows: list[list[str]] = []
     k = report["k"]
     for f in report["figures"]:
         name = f["figure"]
@@ -673,7 +678,7 @@ def speed_one(n: int, steps: int) -> dict:
 def speed(cases: list[tuple[int, int]]) -> list[dict]:
     print("\nreplay speed: vLLM's Scheduler + the probe writing a file, one process per case", flush=True)
     print(f"  {'running':>8s} {'steps':>7s} {'steps/CPU-s':>12s} {'steps/wall-s':>13s} {'peak RSS':>10s}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n, steps in cases:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.bench_whatif", "--speed-one", f"{n},{steps}"],
                               capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -766,10 +771,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.speed_only:
             parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-"))
             report["accuracy"] = []
-            profile = args.profile
+            acc_profile: Path | None = args.profile
             for name in names:
-                row, profile = accuracy(name, parent, args.jobs, profile, args.calibrate_seconds, args.requests,
-                                        settings, args.think_ms)
+                row, acc_profile = accuracy(name, parent, args.jobs, acc_profile, args.calibrate_seconds,
+                                            args.requests, settings, args.think_ms)
                 report["accuracy"].append(row)
         if not args.no_speed:
             report["speed"] = speed([(8, 3000), (32, 2000), (32, 8000), (256, 600)])

@@ -599,7 +599,7 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
             load_end = time.time()
             client = load.counts
             # the sidecar has read everything when its finished count reaches the client's
-            m: dict[str, float] = {}
+            m = {}
             deadline = time.time() + (120 if cfg.probe else 0)
             while time.time() < deadline:
                 m = scrape(metrics_url)
@@ -631,12 +631,13 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
                       "max_files": archive.max_segments, "final_bytes": dir_bytes(run_dir).total,
                       "segments_seen": len(archive.linked), "segments_missed": archive.missing_segments(),
                       "segments_removed": archive.removed()}
-    bound = None
+    bound = transient = None
     if cfg.segments and cfg.keep_mb is not None and cfg.max_segment_mb is not None:
         bound = (cfg.keep_mb + cfg.max_segment_mb) * MIB
+        # while the keeper gzips a closed segment, it and its partial .gz.tmp are on disk too
+        transient = bound + 2 * cfg.max_segment_mb * MIB
     result["disk"]["bound_bytes"] = bound
-    # while the keeper gzips a closed segment, it and its partial .gz.tmp are on disk too
-    result["disk"]["transient_bound_bytes"] = None if bound is None else bound + 2 * cfg.max_segment_mb * MIB
+    result["disk"]["transient_bound_bytes"] = transient
     warm = cfg.warmup_s()
     result["warmup_s"] = warm
     result["rss"] = {"engine": growth(samples, "engine_rss_mib", warm),

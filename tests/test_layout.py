@@ -213,3 +213,15 @@ def test_no_module_imports_another_modules_private_name():
                     if alias.name.startswith("_") and not alias.name.startswith("__"):
                         bad.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {alias.name}")
     assert bad == []
+
+
+def test_benchmarks_import_nothing_from_the_tests():
+    """A benchmark runs from a checkout without the test suite's helpers: what both need
+    lives in ``benchmarks/`` (e.g. ``benchmarks/_hand.py``), and the tests import it."""
+    bad = []
+    for path in sorted((PACKAGE.parent / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n == "tests" or n.startswith("tests.")]
+    assert bad == []
