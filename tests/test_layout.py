@@ -225,3 +225,47 @@ def test_benchmarks_import_nothing_from_the_tests():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n == "tests" or n.startswith("tests.")]
     assert bad == []
+
+
+#: A module holds one concept a reader takes in at once; a function one step of it.
+MODULE_LINES_MAX = 600
+FUNCTION_LINES_MAX = 80
+
+
+def _is_table(node: ast.stmt) -> bool:
+    """A declarative table: an assignment of a literal (a tuple, list, dict or call of
+    rows), which reads as data however long it is."""
+    return isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(
+        node.value, (ast.Tuple, ast.List, ast.Dict, ast.Call, ast.Constant))
+
+
+def sizes(path: Path) -> tuple[int, list[tuple[str, int]]]:
+    """The module's lines outside its declarative tables, and each function's lines."""
+    tree = ast.parse(path.read_text())
+    lines = path.read_text().count("\n")
+    for node in tree.body:
+        if _is_table(node) and node.end_lineno is not None:
+            lines -= node.end_lineno - node.lineno + 1
+    funcs = [(f"{path.name}:{n.lineno} {n.name}", n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno is not None]
+    return lines, funcs
+
+
+def test_modules_and_functions_stay_small():
+    """Modules ≤ :data:`MODULE_LINES_MAX` lines (declarative tables left out) and functions
+    ≤ :data:`FUNCTION_LINES_MAX` lines: past them a module holds two concepts, a function two
+    steps, and the next reader has to find the seam."""
+    long_modules, long_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines, funcs = sizes(path)
+        if lines > MODULE_LINES_MAX:
+            long_modules.append(f"{path.relative_to(PACKAGE)} {lines}")
+        long_functions += [f"{name} {n}" for name, n in funcs if n > FUNCTION_LINES_MAX]
+    assert long_modules + long_functions == []
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES_MAX))
+    (tmp_path / "m.py").write_text(f"def f():\n{body}\n    return 0\n\nROWS = (\n" + "    1,\n" * 700 + ")\n")
+    lines, funcs = sizes(tmp_path / "m.py")
+    assert funcs == [("m.py:1 f", FUNCTION_LINES_MAX + 2)] and lines < MODULE_LINES_MAX

@@ -404,8 +404,10 @@ def test_no_priority_slot_wait_under_fcfs():
 
 
 def test_kv_bound_says_which_concurrency_reading_applies():
-    """63 usable blocks of 128 tokens, max_model_len 8,192: vLLM's start-up line reads 0.98x;
-    this run's requests (1,024 + 256 tokens: 10 blocks at full length) fit 63 // 10 = 6 at once."""
+    """64 blocks of 128 tokens (63 usable), max_model_len 8,192: vLLM's start-up line reads
+    64 / ⌈8,192 / 128⌉ = 1.00x (the whole pool over one request's blocks, as
+    get_max_concurrency_for_kv_cache_config counts); this run's requests (1,024 + 256 tokens:
+    10 blocks at full length) fit 63 // 10 = 6 at once."""
     from tests.analysis.test_doctor_rules import Run
 
     r = Run(budget=8192, seqs=64)
@@ -415,8 +417,8 @@ def test_kv_bound_says_which_concurrency_reading_applies():
     r.step(prefill=4096, running=4, waiting=3, blocked="kv_cache", kv=0.95)
     r.step(decode=4, running=4, waiting=3, blocked="kv_cache", kv=0.95, times=29)
     f = {f.id: f for f in r.analyze()[2]}["kv-bound"].to_dict()
-    assert f["evidence"]["vllm_max_concurrency"] == 0.98 and f["evidence"]["concurrency_at_run_lengths"] == 6
-    assert f["message"].endswith("\"Maximum concurrency 0.98x\" assumes every request fills max_model_len, this run "
+    assert f["evidence"]["vllm_max_concurrency"] == 1.0 and f["evidence"]["concurrency_at_run_lengths"] == 6
+    assert f["message"].endswith("\"Maximum concurrency 1.00x\" assumes every request fills max_model_len, this run "
                                  "ran 4 at once; at this run's request lengths (prompt + max_tokens, 10.0 blocks each "
                                  "on average) the cache holds 6 requests to the end at once: that is the reading that "
                                  "applies")

@@ -32,7 +32,11 @@ _DIGEST = re.compile(rb'"[0-9a-f]{16}"')
 #: line is the old one once the field and its leading ", " are cut).
 ADDED_SINCE = re.compile(rb', "head_blocked_by": "[a-z_]+"|, "platform": "[a-z]+"|, "max_segment_mb": [0-9.]+, '
                          rb'"rotate_every_s": [0-9.a-z]+, "compress_segments": [a-z]+, "keep_mb": [0-9.a-z]+, '
-                         rb'"keep_hours": [0-9.a-z]+|, "speed_mark_us": _|, "output_block_digests": \[[^\]]*\]')
+                         rb'"keep_hours": [0-9.a-z]+|, "speed_mark_us": _|, "output_block_digests": \[[^\]]*\]'
+                         # the KV-cache groups and vLLM's concurrency (engine_config, last); the hook on
+                         # update_from_output (speculative decoding) in `patched` and in probe_stats' errors
+                         rb'|, "kv_cache_group_specs": \[[^\]]*\]|, "kv_max_concurrency": [0-9.e+-]+'
+                         rb'|, "Scheduler.update_from_output"|, "spec_decode": 0')
 
 
 def mask(data: bytes) -> bytes:

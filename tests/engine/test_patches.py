@@ -30,7 +30,8 @@ def test_the_flags_choose_the_hooks(on):
     """The rule the table encodes: engine_config and step always (the step index feeds every
     event); chunk for chunk or step events (the prefill/decode split); preempt for preempt,
     chunk or step events (a preempted request re-prefills; step.preempted); the request
-    hooks for request events."""
+    hooks for request events; spec_decode (update_from_output) for step or request events
+    (step.accepted_tokens, request_finished.draft_verifications)."""
     flags = ProbeFlags(**{f: f in on for f in EVENT_FLAGS})
     wanted = {p.hook for p in patches.PATCHES if p.wanted(flags)}
     expected = {"engine_config", "step"}
@@ -40,6 +41,8 @@ def test_the_flags_choose_the_hooks(on):
         expected.add("preempt")
     if "log_request_events" in on:
         expected |= {"request_added", "request_finished"}
+    if {"log_schedule_each_step", "log_request_events"} & set(on):
+        expected.add("spec_decode")
     assert wanted == expected
 
 

@@ -98,7 +98,8 @@ def test_the_engine_writes_a_mark_when_the_probe_starts_and_at_its_end(tmp_path)
     events = _probed_run(tmp_path / "run", _marks([1000.0, 1210.0]))
     config, stats = events[0], events[-1]
     assert config["event"] == "engine_config" and config["speed_mark_us"] == 1000.0
-    assert list(config)[-1] == "speed_mark_us"  # the newest optional field, last
+    # the newest optional fields, last (the KV-cache groups and vLLM's concurrency came after the mark)
+    assert list(config)[-3:] == ["speed_mark_us", "kv_cache_group_specs", "kv_max_concurrency"]
     kinds = [e["event"] for e in events]
     assert kinds.index("engine_config") == 0 < kinds.index("step")  # taken before the first step
     assert stats["event"] == "probe_stats" and stats["speed_mark_us"] == 1210.0

@@ -144,7 +144,8 @@ def test_a_plan_shares_the_blocks_of_equal_ids_prompt_and_answer():
     """A second prompt that repeats a first request's prompt and answer gets the first's
     planned output tokens there; tails past the ids are each request's own; a stop token
     at the end of a full answer block goes into every prompt repeating that block."""
-    from vllm_probe.sim.replay import SAMPLE_TOKEN, STOP_TOKEN, PromptBuilder
+    from vllm_probe.sim.replay import SAMPLE_TOKEN, STOP_TOKEN
+    from vllm_probe.sim.tokens import PromptBuilder
 
     b = PromptBuilder(4)
     first = b.plan(0, 6, ["a"], ["x", "y"], output_len=6)  # 12 tokens: blocks a, x, y

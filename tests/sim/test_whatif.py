@@ -237,7 +237,7 @@ def test_stop_requests_stop_at_their_recorded_token(tmp_path):
 
 
 def test_prompt_builder_shares_exactly_the_blocks_with_equal_ids():
-    from vllm_probe.sim.replay import PromptBuilder
+    from vllm_probe.sim.tokens import PromptBuilder
 
     b = PromptBuilder(16)
     a = b.tokens(0, 50, ["x", "y", "z"])

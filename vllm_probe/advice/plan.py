@@ -439,7 +439,12 @@ def _rerun(scope: Evaluator, p: dict[str, Any]) -> list[str]:
     from ..runs.rundir import read_meta
 
     source = scope.parent.run_dir if scope.parent is not None else scope.run_dir
-    command = read_meta(source).get("command")
+    meta = read_meta(source)
+    rank = ""
+    of = meta.get("rank_of")  # one rank of a data-parallel run (runs.ranks.rank_view): name the run itself
+    if isinstance(of, dict) and isinstance(of.get("run"), str) and isinstance(of.get("rank"), int):
+        source, rank = of["run"], f" --rank {of['rank']}"
+    command = meta.get("command")
     flags = " ".join(serve_flags(p))
     if isinstance(command, list) and command and any("vllm" in c and ("serve" in command or "api_server" in c)
                                                       for c in command):
@@ -448,7 +453,7 @@ def _rerun(scope: Evaluator, p: dict[str, Any]) -> list[str]:
         shown = " ".join(command) if isinstance(command, list) and command else "COMMAND"
         run = (f"vllm-probe run -- {shown}   # with LLM(..., "
                + ", ".join(f"{engine_arg_of(k)}={v!r}" for k, v in p.items()) + ") in the script")
-    return [run, "vllm-probe doctor", f"vllm-probe compare {source} NEW_RUN_DIR"]
+    return [run, "vllm-probe doctor" + rank, f"vllm-probe compare {source} NEW_RUN_DIR"]
 
 
 def _num(v: float | None) -> str:

@@ -29,7 +29,8 @@ from collections.abc import Callable
 from ..runs.reader import Follower, ReadStats, record_ts
 from ..runs.rundir import read_meta
 from .doctor import LiveDiagnosis
-from .state import RunState
+from .recompute import RecomputeListener
+from .state import Listeners, RunState, StateListener
 
 #: Bytes read per file per look (bounds memory on a large finished run).
 READ_CHUNK = 4 << 20
@@ -61,6 +62,8 @@ class LiveRun:
         stats: the reader's counts (events read, lines skipped) of this one Follower.
         state: the one :class:`RunState`.
         diagnosis: the one :class:`LiveDiagnosis` (its episodes follow the state), or None.
+        recompute: recomputed positions by the probe's count and vLLM's own, per engine core
+            (:class:`~vllm_probe.analysis.recompute.RecomputeListener`, following the state).
         lock: held while records are applied; take it to read the state from another thread.
         meta: the run's ``meta.json`` as last read (every :data:`META_EVERY_S` while pumping).
         incomplete: lines still without their newline after the last pump.
@@ -76,7 +79,9 @@ class LiveRun:
         self.stats = ReadStats()
         self.follower = Follower(self.run_dir, self.stats)
         self.diagnosis = LiveDiagnosis(findings_every_s) if findings_every_s is not None else None
-        listener = self.diagnosis.episodes if self.diagnosis is not None else None
+        self.recompute = RecomputeListener()
+        listener: StateListener = (Listeners(self.diagnosis.episodes, self.recompute) if self.diagnosis is not None
+                                   else self.recompute)
         kw: dict[str, Any] = {} if finished_keep is None else {"finished_keep": finished_keep}
         self.state = RunState(step_window=step_window, listener=listener, **kw)
         self.engine = engine

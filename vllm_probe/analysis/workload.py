@@ -24,9 +24,15 @@ event's counts; the chunks ``(step, order, chunk_index, start, end, last, resume
 the preemptions ``(step, order, discarded_tokens)`` (``reason`` ``kv_cache`` only) for the
 step-time model and for exactness checks.
 
+A data-parallel run's workload is one rank's (:func:`load_workload`'s ``rank``): the requests
+the front end sent to that engine core, as it sent them; the balancing across ranks is
+the recording's, not replayed.
+
 Errors (:class:`WorkloadError`, one line naming the flag or the problem): no event file,
 no ``engine_config``, no ``request_added`` (``scheduler_probe.log_request_events`` off),
-no ``step`` events (``log_schedule_each_step`` off), several engine cores.
+no ``step`` events (``log_schedule_each_step`` off), several data-parallel ranks and no
+rank chosen, a rank written by several engine cores (restarted, or two that both said
+rank 0).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from collections.abc import Iterable
 
-from ..runs.reader import ReadStats, iter_stream
+from ..runs.reader import ReadStats
 from ..runs.rundir import event_streams
 from ..schema.events import ENGINE_CONFIG
 from .state import RunState
@@ -72,6 +78,9 @@ class WorkloadRequest:
     avail_lo: float | None = None
     avail_hi: float | None = None
     anchored: bool = False
+    #: speculative decoding: ``"output index:proposed:accepted"`` per step that verified its
+    #: drafts (``request_finished.draft_verifications``); None: no drafts recorded
+    draft_verifications: list[str] | None = None
     #: the closed-loop client that sent it, a key of :attr:`Workload.clients` (set by
     #: :func:`vllm_probe.sim.arrivals.resolve`); None: sent at its recorded time
     client: int | None = None
@@ -199,19 +208,37 @@ class Workload:
         return max(float(statistics.median(idle)) if idle else min(g for g, _ in gaps), 0.0)
 
 
-def load_workload(run_dir: str | Path, stats: ReadStats | None = None) -> Workload:
-    """The workload of the run in ``run_dir`` (see the module docstring).
+def load_workload(run_dir: str | Path, stats: ReadStats | None = None, rank: int | None = None) -> Workload:
+    """The workload of the run in ``run_dir`` (see the module docstring): of data-parallel
+    rank ``rank`` (its own records, :func:`~vllm_probe.runs.ranks.rank_records`); None: the
+    run's one rank.
 
     Raises:
-        WorkloadError: no event file, several engine cores, or what :func:`workload_of` raises.
+        WorkloadError: no event file; several ranks and ``rank`` None; no such rank; a rank
+            written by several engine cores; or what :func:`workload_of` raises.
     """
-    streams = event_streams(Path(run_dir))
-    if not streams:
+    from ..runs.ranks import RankError, layout, rank_records
+
+    if not event_streams(Path(run_dir)):
         raise WorkloadError(f"no event files (events-*.jsonl) in {run_dir}")
+    lay = layout(run_dir)
+    if not lay.ranks:
+        raise WorkloadError(f"no readable event in the event files of {run_dir}")
+    if rank is None:
+        if lay.multi:
+            raise WorkloadError(f"{run_dir} holds {len(lay.ranks)} data-parallel ranks "
+                                f"({', '.join(str(r) for r in lay.ids)}); a replay takes one rank's own requests "
+                                "(--rank N)")
+        rank = lay.ids[0]
+    try:
+        streams = lay.streams(rank)
+    except RankError as e:
+        raise WorkloadError(f"{run_dir}: {e}") from None
     if len(streams) > 1:
-        raise WorkloadError(f"{run_dir} has {len(streams)} engine-core files; whatif replays one engine "
-                            "core (data parallelism and restarted engine cores are not supported yet)")
-    return workload_of(iter_stream(streams[0], stats or ReadStats()), str(run_dir))
+        why = lay.clash_note() if rank in lay.clashes else "an engine core restarted"
+        raise WorkloadError(f"{run_dir}: data-parallel rank {rank} has {len(streams)} engine-core files ({why}); "
+                            "a replay takes one engine core's")
+    return workload_of(rank_records(streams[0], rank, stats or ReadStats()), str(run_dir))
 
 
 def workload_of(records: Iterable[Any], source: str = "") -> Workload:
@@ -265,6 +292,7 @@ def workload_of(records: Iterable[Any], source: str = "") -> Workload:
                 r.finish_step = rec.step
                 r.finish_ts = rec.ts
                 r.output_digests = list(rec.output_block_digests) if rec.output_block_digests else None
+                r.draft_verifications = getattr(rec, "draft_verifications", None) or None
         elif kind == ENGINE_CONFIG.name and config is None:
             config = {k: v for k, v in _fields(rec).items() if v is not None}
     if config is None:

@@ -9,10 +9,10 @@ only when they run, so reading commands work without vLLM installed::
     vllm-probe COMMAND [ARGS...]          # shorthand for `run -- COMMAND ...`
     vllm-probe tail [RUN_DIR] [--plain] [--replay [SPEED]]
     vllm-probe export RUN_DIR [-o FILE|-] [--format jsonl|perfetto|trace] [filters]
-    vllm-probe summary RUN_DIR [--json]
+    vllm-probe summary RUN_DIR [--json] [--rank N]
     vllm-probe compare RUN_DIR RUN_DIR [...]
-    vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE]
-    vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N]
+    vllm-probe doctor [RUN_DIR] [--json] [--whatif] [--expect FILE] [--rank N]
+    vllm-probe whatif [RUN_DIR] --set KEY=V[,V...] ... [--out DIR] [--json] [--jobs N] [--rank N]
     vllm-probe calibrate --like RUN_DIR [--out PROFILE.json] [--max-seconds N]
     vllm-probe tune [RUN_DIR] --slo FIGURE<=VALUE ... --knob NAME=LO..HI|V1,V2 ... [--json]
     vllm-probe metrics [RUN_DIR] --port PORT [--host HOST]
@@ -41,6 +41,7 @@ from collections.abc import Callable
 from .. import envvars
 from ..exporters.base import ExportError
 from ..runs.ids import RequestIdError
+from ..runs.ranks import RankError
 from ..runs.rundir import NoEventsError, RunDirError, resolve_run_dir
 from ..settings import SettingsError
 
@@ -103,6 +104,24 @@ def by_arg(text: str) -> list[int]:
     if any(b <= 0 for b in bounds):
         raise argparse.ArgumentTypeError(f"{text!r}: boundaries must be > 0")
     return sorted(set(bounds))
+
+
+def rank_arg(text: str) -> int:
+    """argparse ``type`` of ``--rank``: a data-parallel rank (the events' ``engine``), ≥ 0."""
+    try:
+        rank = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a data-parallel rank is a number, e.g. --rank 1") from None
+    if rank < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a data-parallel rank is 0 or more")
+    return rank
+
+
+def add_rank_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """The ``--rank N`` option of ``summary``, ``doctor``, ``whatif`` and ``tune``; ``what``
+    ends its help (what the command does with one rank)."""
+    p.add_argument("--rank", type=rank_arg, metavar="N",
+                   help=f"one data-parallel rank of the run (its engine core's own events): {what}")
 
 
 def mistyped_subcommand(word: str) -> str | None:
@@ -198,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     except NoEventsError as e:
         print(f"vllm-probe: error: {e}", file=sys.stderr)
         return EXIT_NO_EVENTS
-    except (CliError, SettingsError, RunDirError, ExportError, RequestIdError) as e:
+    except (CliError, SettingsError, RunDirError, ExportError, RequestIdError, RankError) as e:
         print(f"vllm-probe: error: {e}", file=sys.stderr)
         return getattr(e, "code", EXIT_USAGE)
     except KeyboardInterrupt:

@@ -24,6 +24,13 @@ moments is searched on that stretch alone, ``predicted["stretch"]``, unless
 ``profile``, ``cache`` or ``recording``; ``profile``; ``forced``) and each prediction its
 ``outside_region`` (the share of its replay's steps outside the model's fitted region).
 
+Data parallel: on a run of several ranks the findings are every rank's, each naming its
+rank (``evidence.engine``), and the report has one section per rank; they are not
+replayed (the replay runs one engine core). ``--rank N`` examines rank N alone (its own
+events) and searches its remedies by replaying its own requests, as the front end sent
+them to it (the balancing across ranks kept as recorded). ``--json`` then has ``ranks``
+(the run's ranks) and ``rank`` (the one examined, null for all together).
+
 Exit codes: 0 no critical finding; 3 a critical finding (so it can gate a CI job or a
 canary); 1 the run holds no readable event; 2 RUN_DIR or FILE missing, bad usage, a
 profile that cannot be read or of another engine without ``--force``.
@@ -38,7 +45,7 @@ import sys
 from ..analysis.doctor import examine
 from ..runs.rundir import resolve_run_dir
 from ..settings import load_expected
-from . import CliError, print_json, print_report, profile_args
+from . import CliError, add_rank_argument, print_json, print_report, profile_args
 
 #: Exit code when a finding is critical.
 EXIT_CRITICAL = 3
@@ -63,6 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay the whole run for every remedy, not only the stretch between idle moments "
                         "that holds what a finding's goal counts")
     profile_args.add_arguments(p)
+    add_rank_argument(p, "its findings alone, its remedies replayed on its own requests")
 
 
 def vllm_available() -> bool:
@@ -93,10 +101,16 @@ def main(args: argparse.Namespace) -> int:
         print("vllm-probe: note: vLLM is not installed here: remedies are the rules' arithmetic, not checked by the "
               "replay", file=sys.stderr)
         replay = False
-    report = examine(run_dir, expected)
+    report = examine(run_dir, expected, rank=args.rank)
     from ..advice import plan, remedies
     from ..advice.verdict import unchecked
 
+    if replay and args.rank is None and len(report.ranks) > 1:
+        why = (f"data-parallel ranks {', '.join(str(r) for r in report.ranks)}: the replay runs one engine core, "
+               "so doctor --rank N replays rank N's remedies on its own requests")
+        print(f"vllm-probe: note: {why}; here the remedies are the rules' arithmetic, unchecked", file=sys.stderr)
+        report.plan = plan.unchecked_plan(report.findings, why)
+        replay = False
     if replay and any(f.remedy is not None or remedies.rule_for(f.id) is not None for f in report.findings):
         _prescribe(report, args)
     unchecked(report.findings)

@@ -12,7 +12,8 @@ run directories and ``tune.json``, written under a temporary name and renamed wh
 search is complete (Ctrl-C leaves nothing half-written). ``--profile``/``--no-profile``/
 ``--force``: the step-time model of every replay, as ``whatif``'s
 (:mod:`vllm_probe.cli.profile_args`); the report says which was used and the share of
-each replay's steps outside its fitted region.
+each replay's steps outside its fitted region. ``--rank N``: one data-parallel rank of the
+run, replayed with its own requests (a run of several ranks needs it).
 
 Exit codes: 0 a recommendation; 3 nothing in range meets the SLOs; 1 vLLM is not
 installed, or the run cannot be replayed; 2 bad usage (``--slo``/``--knob`` syntax, a
@@ -28,9 +29,10 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..runs.rundir import resolve_run_dir
-from . import EXIT_NO_EVENTS, CliError, path_arg, print_json, print_report, profile_args
+from . import EXIT_NO_EVENTS, CliError, add_rank_argument, path_arg, print_json, print_report, profile_args
 
 #: Exit code when no setting in range meets the SLOs.
 EXIT_INFEASIBLE = 3
@@ -54,12 +56,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=path_arg, metavar="DIR", help="keep the replayed runs and tune.json here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     profile_args.add_arguments(p)
+    add_rank_argument(p, "search settings for that rank, replaying its own requests (needed on a data-parallel run)")
 
 
 def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+def _rank_run(run_dir: Path, rank: int | None) -> tuple[Path, Any]:
+    """The run the replays read: ``run_dir`` itself, or for ``--rank N`` of a data-parallel
+    run rank N's own events as a run of one engine core (:func:`vllm_probe.runs.ranks.rank_view`,
+    in a temporary directory returned to clean up; None when there is none).
+
+    Raises:
+        CliError: a run of several ranks without ``--rank``.
+        RankError: a rank the run does not hold.
+    """
+    from ..runs.ranks import layout, rank_view
+
+    lay = layout(run_dir)
+    if rank is None and lay.multi:
+        raise CliError(f"{run_dir} holds data-parallel ranks {', '.join(str(r) for r in lay.ids)}; tune replays one "
+                       "engine core: --rank N searches rank N's settings on its own requests")
+    if rank is None:
+        return run_dir, None
+    lay.streams(rank)
+    if not lay.multi:
+        return run_dir, None
+    import tempfile
+
+    view = tempfile.TemporaryDirectory(prefix="vllm-probe-rank-")
+    return rank_view(run_dir, rank, Path(view.name) / f"rank{rank}", lay), view
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,7 +112,8 @@ def main(args: argparse.Namespace) -> int:
     if not vllm_available():
         raise CliError("tune replays the run through vLLM's own scheduler and needs vLLM installed here "
                        "(pip install vllm)", code=EXIT_NO_EVENTS)
-    run_dir = resolve_run_dir(args.run_dir)
+    recorded = resolve_run_dir(args.run_dir)
+    run_dir, view = _rank_run(recorded, args.rank)
     out = Path(args.out) if args.out else None
     tmp = None
     if out is not None:
@@ -112,6 +142,8 @@ def main(args: argparse.Namespace) -> int:
         finally:
             evaluator.close()
         d = result.to_dict()
+        if view is not None:  # the rank's view is a temporary directory: name the run and the rank
+            d["source"], d["rank"] = str(recorded), args.rank
         if tmp is not None and out is not None:
             (tmp / "tune.json").write_text(json.dumps(d, indent=2) + "\n")
             if out.exists():
@@ -121,6 +153,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         if tmp is not None:  # interrupted or failed: nothing half-written stays
             shutil.rmtree(tmp, ignore_errors=True)
+        if view is not None:
+            view.cleanup()
     if args.json:
         print_json(d)
     else:

@@ -9,6 +9,12 @@ arrival model (detected by default). ``--trace FILE --like RUN_DIR`` replays a
 timed trace (vLLM's ``timed_trace`` JSONL) with a recorded run's settings and
 step-time model instead. Progress goes to stderr, one line as each replay ends.
 
+A data-parallel run is replayed one rank at a time, each rank with its own requests and
+against its own recorded figures (the front end's balancing across ranks is kept as
+recorded, not replayed): ``--rank N`` replays rank N; without it every rank in turn, one
+section each (``--json``: ``{"source", "ranks": [one whatif object per rank, each with
+its "rank"]}``; docs/whatif.md, Data parallel).
+
 Exit codes: 0 shown (also when the baseline is off by more than its threshold: the
 report says so); 1 vLLM is not installed, or a replay failed; 2 bad usage or input (an
 unknown or impossible setting, a run without request or step events, a bad trace, a
@@ -19,11 +25,13 @@ profile that cannot be read or of another engine without ``--force``:
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from typing import Any
 
 from ..runs.rundir import resolve_run_dir
 from ..schema.engine_settings import ENGINE_SETTINGS
-from . import EXIT_NO_EVENTS, CliError, print_json, print_report, profile_args
+from . import EXIT_NO_EVENTS, CliError, add_rank_argument, print_json, print_report, profile_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "closed loop of N in flight (each sent when one finishes)")
     p.add_argument("--step-time-scale", type=float, default=1.0, metavar="X",
                    help="multiplies every predicted step time (1.25: the engine 25%% slower than when recorded)")
+    add_rank_argument(p, "replay that rank's own requests (default: every rank in turn)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,29 +92,80 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(str(e), code=EXIT_NO_EVENTS) from None
     run_dir = resolve_run_dir(args.like or args.run_dir)
     quiet_vllm()
+    from ..runs.ranks import layout
+
+    lay = layout(run_dir)
+    ranks = _ranks(args, run_dir, lay)
     print(f"vllm-probe: replaying {run_dir}" + (f" with the requests of {args.trace}" if args.trace else "")
+          + (f", data-parallel rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)} (each with its "
+             "own requests; the balancing across ranks kept as recorded)" if ranks != [None] else "")
           + f": baseline and {len([g for g in grid if g])} setting(s), {args.jobs} at a time", file=sys.stderr)
     from ..analysis.window import retention_note_of
 
     retention = retention_note_of(run_dir)
     if retention:
         print(f"vllm-probe: note: {retention} (the replay starts there)", file=sys.stderr)
-    try:
-        result = predict(run_dir, grid, out=args.out, jobs=args.jobs, trace=args.trace,
-                         trace_hash_size=args.trace_hash_size, trace_sec_multiplier=args.trace_sec_multiplier,
-                         step_time_scale=args.step_time_scale,
-                         profile=profile_args.choice(args), force=args.force, arrivals=args.arrivals,
-                         progress=lambda line: print(f"vllm-probe: {line}", file=sys.stderr, flush=True))
-    except (SettingError, WorkloadError, TraceError) as e:
-        raise CliError(str(e)) from None
-    except ProfileRefused as e:
-        raise profile_args.refused(e) from None
-    except WhatifError as e:
-        raise CliError(str(e), code=EXIT_NO_EVENTS) from None
-    if args.json:
-        print_json(result.to_dict())
-    else:
-        from ..tui.whatif_view import render
-
-        print_report(lambda width: render(result, width))
+    results = []
+    for rank in ranks:
+        if len(ranks) > 1:
+            print(f"vllm-probe: data-parallel rank {rank}:", file=sys.stderr, flush=True)
+        # one parent per rank under --out: the ranks' baselines must not overwrite one another
+        out = f"{args.out}/rank{rank}" if args.out and len(ranks) > 1 else args.out
+        try:
+            results.append(predict(run_dir, grid, out=out, jobs=args.jobs, trace=args.trace,
+                                   trace_hash_size=args.trace_hash_size,
+                                   trace_sec_multiplier=args.trace_sec_multiplier,
+                                   step_time_scale=args.step_time_scale,
+                                   profile=profile_args.choice(args), force=args.force, arrivals=args.arrivals,
+                                   progress=lambda line: print(f"vllm-probe: {line}", file=sys.stderr, flush=True),
+                                   rank=rank))
+        except (SettingError, WorkloadError, TraceError) as e:
+            raise CliError(str(e)) from None
+        except ProfileRefused as e:
+            raise profile_args.refused(e) from None
+        except WhatifError as e:
+            raise CliError(str(e), code=EXIT_NO_EVENTS) from None
+    _show(args, run_dir, lay.ids, results)
     return 0
+
+
+def _ranks(args: argparse.Namespace, run_dir: Any, lay: Any) -> list[int | None]:
+    """The data-parallel ranks to replay: ``--rank N``'s, every rank of a run of several, or
+    ``[None]`` (a run of one rank). Raises RankError for a rank the run does not hold."""
+    if args.rank is not None:
+        lay.streams(args.rank)
+        return [args.rank]
+    if not lay.multi:
+        return [None]
+    if args.trace:
+        raise CliError(f"{run_dir} holds data-parallel ranks {', '.join(str(r) for r in lay.ids)}: name the one "
+                       "whose settings and step-time model the trace is replayed with (--rank N)")
+    return list(lay.ids)
+
+
+def _show(args: argparse.Namespace, run_dir: Any, ranks: list[int], results: list[Any]) -> None:
+    """The results on stdout: one report (or ``--json`` object), or a section per rank."""
+    if args.json:
+        print_json(results[0].to_dict() if len(results) == 1 else
+                   {"source": str(run_dir), "ranks": [r.to_dict() for r in results]})
+        return
+    from ..tui.ranks_view import rank_heading
+
+    for result in results:
+        if len(results) > 1:
+            head = rank_heading(result.rank, ranks, "replayed with its own requests; the balancing across ranks "
+                                "as recorded")
+            print_report(functools.partial(_same, head))
+        print_report(functools.partial(_render, result))
+
+
+def _same(renderable: Any, _width: int) -> Any:
+    """``renderable`` at any width (a line that does not depend on it)."""
+    return renderable
+
+
+def _render(result: Any, width: int) -> Any:
+    """``whatif``'s report of one result (:mod:`vllm_probe.tui.whatif_view`)."""
+    from ..tui.whatif_view import render
+
+    return render(result, width)

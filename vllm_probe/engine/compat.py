@@ -38,7 +38,7 @@ class Difference:
 DIFFERENCES: tuple[Difference, ...] = (
     Difference((0, 12), "Scheduler._preempt_request(request, timestamp) appears; before it "
                "preemption is inline in schedule() and nothing can be wrapped. Status "
-               "snapshots around schedule() (design.md section 3) would need a loop over "
+               "snapshots around schedule() would need a loop over "
                "the running requests on every step, which the decode-only hot path must not have.",
                "MIN_SUPPORTED = 0.12: older releases are refused (the plugin warns once and "
                "patches nothing)",
@@ -277,9 +277,23 @@ def engine_settings(sched: Any) -> dict[str, Any]:
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "prefix_caching": bool(cc.enable_prefix_caching),
         "data_parallel_size": getattr(pc, "data_parallel_size", 1),
-        "engine": getattr(pc, "data_parallel_rank", 0) or 0,
+        "engine": data_parallel_rank(pc),
         **scheduler_inputs(sched),
     }
+
+
+def data_parallel_rank(pc: Any) -> int:
+    """The engine core's data-parallel rank: ``parallel_config.data_parallel_index`` where the
+    release has it, else ``data_parallel_rank``. vLLM runs a dense model's ranks as
+    independent engine cores and resets each one's ``data_parallel_rank`` to 0 and
+    ``data_parallel_size`` to 1; ``data_parallel_index`` keeps the rank
+    (``ParallelConfig.reconfigure_for_independent_dp_rank``, ``run_engine_core``,
+    ``vllm/v1/engine/core.py`` 0.32). 0 when neither is an int."""
+    for name in ("data_parallel_index", "data_parallel_rank"):
+        rank = getattr(pc, name, None)
+        if isinstance(rank, int) and rank >= 0:
+            return rank
+    return 0
 
 
 _T = TypeVar("_T")
@@ -307,7 +321,11 @@ def scheduler_inputs(sched: Any) -> dict[str, Any]:
     the KV-cache group specs and, for ``gpu_memory_utilization`` → blocks, the bytes of
     one block (the largest group's page size times its layers: groups overlay one pool,
     ``vllm/v1/kv_cache_interface.py`` ``KVCacheTensor``), the overrides that bypass the
-    memory computation, and the device's total memory (:func:`device_memory_bytes`).
+    memory computation, and the device's total memory (:func:`device_memory_bytes`);
+    each KV-cache group's spec (:func:`kv_group_specs`), vLLM's own "Maximum concurrency"
+    figure (``cache_config.kv_cache_max_concurrency``, set by ``update_kv_cache_capacity``
+    before the scheduler is built, 0.32) and the speculative method
+    (``speculative_config.method``).
     """
     vc = sched.vllm_config
     sc, cc = vc.scheduler_config, vc.cache_config
@@ -339,7 +357,72 @@ def scheduler_inputs(sched: Any) -> dict[str, Any]:
         "kv_cache_memory_bytes": getattr(cc, "kv_cache_memory_bytes", None),
         "kv_block_bytes": _or_none(block_bytes),
         "device_memory_bytes": device_memory_bytes(),
+        "kv_cache_group_specs": kv_group_specs(sched),
+        "kv_max_concurrency": _or_none(lambda: _float(cc.kv_cache_max_concurrency)),
+        "speculative_method": _or_none(lambda: _str(vc.speculative_config.method)),
     }
+
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(getattr(v, "value", v))
+
+
+def kv_group_specs(sched: Any) -> list[dict[str, Any]] | None:
+    """Each KV-cache group of a built scheduler, for ``engine_config.kv_cache_group_specs``:
+    ``{"kind", "block_size", "sliding_window", "layers", "blocks_per_request"}`` (tokens,
+    tokens, layers, blocks). Never raises: None when the groups cannot be read.
+
+    From ``sched.kv_cache_config.kv_cache_groups`` (``vllm/v1/kv_cache_interface.py``,
+    ``KVCacheGroupSpec``: ``layer_names``, ``kv_cache_spec``; every release from 0.9).
+    ``sliding_window`` is the spec's (``SlidingWindowSpec``; a ``FullAttentionSpec`` keeps the
+    model's window when the hybrid allocator is off and allocates for every token);
+    ``blocks_per_request`` is what vLLM's start-up line counts for one request of
+    ``max_model_len`` tokens in that group, ``cdiv(spec.max_memory_usage_bytes(vllm_config),
+    spec.page_size_bytes)`` (``get_max_concurrency_for_kv_cache_config``,
+    ``vllm/v1/core/kv_cache_utils.py`` 0.32), None where the spec cannot say.
+    """
+    vc = sched.vllm_config
+
+    def per_request(spec: Any) -> int | None:
+        try:
+            page = spec.page_size_bytes
+            return -(-int(spec.max_memory_usage_bytes(vc)) // int(page)) if page else None
+        except Exception:
+            return None
+
+    def read() -> list[dict[str, Any]]:
+        out = []
+        for g in sched.kv_cache_config.kv_cache_groups:
+            spec = g.kv_cache_spec
+            window = getattr(spec, "sliding_window", None)
+            out.append({"kind": type(spec).__name__, "block_size": int(spec.block_size),
+                        "sliding_window": int(window) if window else None, "layers": len(g.layer_names),
+                        "blocks_per_request": per_request(spec)})
+        return out
+
+    return _or_none(read)
+
+
+def output_index(model_output: Any) -> dict[str, int]:
+    """Request id -> its row in a ``ModelRunnerOutput``'s ``sampled_token_ids``:
+    ``req_id_to_index`` up to 0.33; from 0.34 the rows follow ``req_ids`` (the
+    constructor lost the argument; ``vllm/v1/outputs.py``)."""
+    index: dict[str, int] | None = getattr(model_output, "req_id_to_index", None)
+    if index is None:
+        index = {rid: i for i, rid in enumerate(model_output.req_ids)}
+    return index
+
+
+def sampled_per_step(sched: Any) -> int:
+    """Tokens a decode samples besides accepted drafts: ``Scheduler.num_sampled_tokens_per_step``
+    (0.32: 1, 0 for diffusion models), 1 where the release has no such attribute; the
+    accepted drafts of a verifying step are ``len(sampled) - this`` (``update_from_output``)."""
+    n = getattr(sched, "num_sampled_tokens_per_step", 1)
+    return n if isinstance(n, int) else 1
 
 
 def platform_name() -> str | None:

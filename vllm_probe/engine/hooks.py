@@ -3,7 +3,9 @@
 :class:`SchedulerProbe` is attached to each ``Scheduler`` instance (one per engine core)
 and builds the events: ``engine_config`` when the scheduler is built, ``step`` per
 ``schedule()`` call, ``chunk`` per prefill chunk, ``preempt`` per preempted request,
-``request_added`` / ``request_finished`` per request. :class:`HookHealth` counts the
+``request_added`` / ``request_finished`` per request; with speculative decoding, the
+drafts each output verified (``update_from_output``) go into the next step line and the
+request's ``request_finished``. :class:`HookHealth` counts the
 exceptions caught in each hook and switches a hook off after :data:`MAX_HOOK_ERRORS`;
 :class:`Runtime` is the process-wide state (flags, health, the lazily created sink).
 Which scheduler methods call into these, and how they are wrapped, is the patch table
@@ -223,6 +225,15 @@ class SchedulerProbe:
         self.chunks_seen = False
         self.prefilling: dict[str, _Pass] = {}
         self.resume_pending: set[str] = set()
+        #: speculative decoding on: step lines carry draft counts, request_finished its verifications
+        self.spec_on = bool(settings.get("num_speculative_tokens"))
+        self.sampled_per_step = compat.sampled_per_step(sched)
+        #: proposed and accepted draft tokens of the outputs processed since the last step line
+        self.verified_since = 0
+        self.accepted_since = 0
+        #: request -> its verifying steps so far, ``(output index, proposed, accepted, slots)`` each
+        #: (written as ``draft_verifications`` strings on the sink's writer thread)
+        self.verifications: dict[str, list[tuple[int, int, int, int]]] = {}
         mark = rt.speed_mark() if rt.speed_mark is not None else None
         self.emit(ENGINE_CONFIG, self.clock(), self.engine, ENGINE_CONFIG.pack(
             vllm_version=rt.vllm_version, probe_version=__version__,
@@ -269,14 +280,61 @@ class SchedulerProbe:
                                type(e).__name__, e)
         kvm = sched.kv_cache_manager
         finished = out.finished_req_ids
+        drafts = verified = accepted = None
+        if self.spec_on:
+            # every scheduled draft slot, placeholders too: what the token budget paid for
+            drafts = sum(map(len, out.scheduled_spec_decode_tokens.values()))
+            verified, accepted = self.verified_since, self.accepted_since
+            self.verified_since = self.accepted_since = 0
         self.emit(STEP, self.clock(), self.engine, STEP.pack(
             step=self.step, scheduled_tokens=n_tokens, token_budget=self.budget,
             prefill_reqs=pre_r, prefill_tokens=pre_t, decode_reqs=dec_r, decode_tokens=dec_t,
             new_reqs=self.step_new_reqs, running=running, waiting=waiting, kv_usage=kvm.usage,
             free_blocks=kvm.block_pool.get_num_free_blocks(), schedule_us=seconds * 1e6,
             preempted=self.step_preempted, finished=list(finished) if finished else [],
-            head_blocked_by=blocked,
+            head_blocked_by=blocked, draft_tokens=drafts, verified_tokens=verified, accepted_tokens=accepted,
         ))
+
+    # -- speculative decoding (called before vLLM's update_from_output) -----------------
+
+    def on_output(self, sched: Any, out: Any, model_output: Any) -> None:
+        """Before vLLM's ``update_from_output(out, model_output)`` processes a step's output:
+        for each request whose drafts the step verified, the proposed drafts (placeholder
+        padding, ``-1``, excluded; the scheduled slots too where a drafter padded) and how
+        many the model accepted: ``len(sampled) - 1``
+        (``num_sampled_tokens_per_step``), as ``update_from_output`` counts them before it
+        rolls back the rejected ones (``vllm/v1/core/sched/scheduler.py`` 0.32). Requests
+        vLLM skips there (finished, or an output gone stale by a preemption) are skipped
+        too. O(requests with drafts); nothing without speculative decoding."""
+        drafts = out.scheduled_spec_decode_tokens
+        if not drafts:
+            return
+        sampled = model_output.sampled_token_ids
+        if not sampled:
+            return
+        index = compat.output_index(model_output)
+        requests = sched.requests
+        keep = self.verifications if self.flags.log_request_events else None
+        per = self.sampled_per_step
+        verified = accepted = 0
+        for rid, ids in drafts.items():
+            i = index.get(rid)
+            req = requests.get(rid)
+            if i is None or req is None:
+                continue
+            got = sampled[i]
+            # a first decode step's placeholders (no output yet) are the scheduler's own padding
+            out_index = req.num_output_tokens
+            if not out_index or not len(got) or req.is_finished() or getattr(req, "num_stale_output_tokens", 0):
+                continue
+            n = _proposed(ids)
+            a = min(max(len(got) - per, 0), n)
+            verified += n
+            accepted += a
+            if keep is not None:
+                keep.setdefault(rid, []).append((out_index, n, a, len(ids)))
+        self.verified_since += verified
+        self.accepted_since += accepted
 
     # -- prefill chunks (called before num_computed_tokens advances) -------------------
 
@@ -364,6 +422,13 @@ class SchedulerProbe:
         self.resume_pending.add(rid)
         if self.in_schedule:
             self.step_preempted.append(rid)
+        if self.spec_on:
+            # vLLM drops the drafts of a preempted request unverified; they asked the KV cache for
+            # slots all the same (what may have preempted it), so a replay must propose them too
+            drafts = getattr(request, "spec_token_ids", None)
+            if drafts and request.num_output_tokens and self.flags.log_request_events:
+                self.verifications.setdefault(rid, []).append(
+                    (request.num_output_tokens, _proposed(drafts), -1, len(drafts)))
         return request.num_computed_tokens, sched.kv_cache_manager.usage
 
     def after_preempt(self, sched: Any, request: Any, snap: tuple[int, float]) -> None:
@@ -420,6 +485,8 @@ class SchedulerProbe:
         rid = request.request_id
         self.prefilling.pop(rid, None)
         self.resume_pending.discard(rid)
+        done = self.verifications.pop(rid, None) if self.verifications else None
+        verifications = Deferred(verification_strings, done) if done else None
         if self.flags.log_request_events:
             digests = None
             if self.digests_on and self._hash_block_size:
@@ -431,7 +498,24 @@ class SchedulerProbe:
                 step=max(self.step, 0), req_id=rid, reason=compat.finish_reason(request),
                 prompt_len=request.num_prompt_tokens, output_tokens=request.num_output_tokens,
                 num_preemptions=getattr(request, "num_preemptions", None), output_block_digests=digests,
+                draft_verifications=verifications,
             ))
+
+
+def verification_strings(entries: list[tuple[int, int, int, int]]) -> list[str]:
+    """``request_finished.draft_verifications``: ``"index:proposed:accepted"``, with the draft
+    slots as a fourth number where the drafter padded (slots ≠ proposed). On the writer thread."""
+    return [f"{i}:{p}:{a}" if s == p else f"{i}:{p}:{a}:{s}" for i, p, a, s in entries]
+
+
+def _proposed(ids: list[int]) -> int:
+    """Draft tokens a proposer made of a request's scheduled drafts: those before the first
+    ``-1`` placeholder (vLLM pads a first decode step, and an ngram miss, with ``-1``;
+    ``strip_speculative_padding``, ``vllm/v1/structured_output/utils.py`` 0.32)."""
+    for i, t in enumerate(ids):
+        if t < 0:
+            return i
+    return len(ids)
 
 
 #: Bytes of one block digest (16 hex characters on the line).

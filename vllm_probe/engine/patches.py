@@ -194,6 +194,22 @@ def _wrap_free_request(rt: Runtime, original: Callable[..., Any]) -> Callable[..
     return _free_request
 
 
+def _wrap_update_from_output(rt: Runtime, original: Callable[..., Any]) -> Callable[..., Any]:
+    health = rt.health
+
+    @functools.wraps(original)
+    def update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        probe = self.__dict__.get(PROBE_ATTR)
+        if probe is not None and probe.spec_on and "spec_decode" not in health.disabled:
+            try:
+                probe.on_output(self, scheduler_output, model_runner_output)
+            except Exception as e:
+                health.failed("spec_decode", e)
+        return original(self, scheduler_output, model_runner_output, *args, **kwargs)
+    return update_from_output
+
+
 #: Feeds the step event's prefill/decode split and its ``preempted`` list as well.
 _STEP_DETAIL = ("log_chunk_boundaries", "log_schedule_each_step")
 
@@ -228,6 +244,12 @@ PATCHES: tuple[Patch, ...] = (
           flags=("log_request_events",), wrap=_wrap_free_request,
           why="A request leaves the scheduler (stopped, length, aborted). delay_free_blocks "
               "from 0.16, a tuple result from 0.26: passed through untouched."),
+    Patch(hook="spec_decode", method="update_from_output", params=("scheduler_output", "model_runner_output"),
+          required=False, flags=("log_schedule_each_step", "log_request_events"), wrap=_wrap_update_from_output,
+          why="Speculative decoding: the drafts a step verified and how many the model accepted "
+              "(len(sampled_token_ids) - 1 per request), read before vLLM rolls the rejected ones "
+              "back; a step without drafts costs one attribute read. update_from_output(self, "
+              "scheduler_output, model_runner_output) in every release from 0.12."),
 )
 
 #: Patched class -> (its Runtime, [(method name, vLLM's original)]).

@@ -104,7 +104,7 @@ def _arrow() -> Any:
 
 def _types(pa: Any) -> dict[str, Any]:
     return {"int": pa.int64(), "float": pa.float64(), "string": pa.string(), "bool": pa.bool_(),
-            "list[string]": pa.list_(pa.string()), "object": pa.string()}
+            "list[string]": pa.list_(pa.string()), "object": pa.string(), "list[kv_group]": pa.string()}
 
 
 def _json(v: Any) -> str | None:
@@ -119,7 +119,7 @@ class _Table:
         self.pa = pa
         types = _types(pa)
         self.names = [c for c, _ in columns]
-        self.objects = {c for c, t in columns if t == "object"}
+        self.objects = {c for c, t in columns if t in ("object", "list[kv_group]")}  # as JSON text
         self.schema = pa.schema([pa.field(c, types[t]) for c, t in columns],
                                 metadata={**metadata, "vllm_probe.table": name})
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

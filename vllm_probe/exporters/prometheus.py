@@ -48,6 +48,7 @@ from ..analysis.state import RunState
 from ..schema.events import HEAD_BLOCKED_REASONS
 from ..analysis.summary_types import CONFIG_KEYS
 from ..analysis.follow import READ_CHUNK, LiveRun
+from ..analysis.recompute import ENGINE_FIELD, VLLM_METRIC, RecomputeListener
 from ..runs.reader import Follower, ReadStats
 
 if TYPE_CHECKING:
@@ -122,13 +123,18 @@ class RunStateCollector(Collector):
         meta: the run's ``meta.json`` (for ``model_name``), a dict or a callable.
         findings: the doctor's findings; ``vllm_probe_finding`` is left out
             until a source is given.
+        recompute: recomputed positions per engine core by the probe's count and vLLM's own
+            (:class:`~vllm_probe.analysis.recompute.RecomputeListener` following ``state``);
+            None leaves their two families out.
     """
 
     def __init__(self, state: RunState, *, lock: threading.Lock | threading.RLock | None = None,
                  stats: ReadStats | None = None,
                  incomplete_lines: Callable[[], int] | None = None,
-                 meta: dict | Callable[[], dict] | None = None, findings: FindingsSource | None = None) -> None:
+                 meta: dict | Callable[[], dict] | None = None, findings: FindingsSource | None = None,
+                 recompute: RecomputeListener | None = None) -> None:
         self.state = state
+        self.recompute = recompute
         self.lock: threading.Lock | threading.RLock = lock or threading.Lock()
         self.stats = stats
         self.incomplete_lines = incomplete_lines
@@ -193,8 +199,18 @@ class _Families:
         self.out.append(f)
 
     def build(self) -> list[Metric]:
-        c, latest = self.c, _latest
-        # -- steps and tokens
+        """Every metric family of the collection, in exposition order."""
+        self._steps()
+        self._preemptions()
+        self._chunking()
+        self._requests()
+        self._queues_and_kv()
+        self._probe()
+        return self.out
+
+    def _steps(self) -> None:
+        """Steps, tokens, the limit of each step and the time inside schedule()."""
+        c = self.c
         self.counter("vllm_probe_steps_total", "Scheduler steps: calls of Scheduler.schedule() (step events).",
                      lambda e: e.steps)
         self.counter("vllm_probe_scheduled_tokens_total",
@@ -217,7 +233,10 @@ class _Families:
                         lambda e: {**_NO_HEAD_BLOCKED, **e.head_blocked_counts})
         self.histogram("vllm_probe_schedule_duration_seconds", "Time inside Scheduler.schedule() per step, "
                        "seconds (step.schedule_us).", lambda e: e.schedule_s)
-        # -- preemptions
+
+    def _preemptions(self) -> None:
+        """Preemptions, the tokens they discarded and recomputed, the recompute tax."""
+        c = self.c
         self.counter_by("vllm_probe_preemptions_total", "Requests preempted (recompute), by reason (preempt events).",
                         "reason", lambda e: e.preemptions_by_reason)
         self.counter_by("vllm_probe_discarded_tokens_total", "Computed tokens thrown away by preemptions, to be "
@@ -231,7 +250,10 @@ class _Families:
                    "0..1.", lambda e: e.recent_recompute_tax())
         self.counter("vllm_probe_requests_preempted_total", "Distinct requests preempted at least once "
                      "(preempt events).", lambda e: e.requests_preempted)
-        # -- chunking
+        self._recompute(c.recompute)
+
+    def _chunking(self) -> None:
+        """Prefill chunks, the KV re-read they cost and prefix-cache hits."""
         self.counter("vllm_probe_prefill_chunks_total", "Prefill chunks scheduled, recompute passes included "
                      "(chunk events).", lambda e: e.chunks)
         self.histogram("vllm_probe_prefill_chunks_per_prompt", "Chunks of the prefill pass that produced a "
@@ -242,7 +264,9 @@ class _Families:
                      lambda e: e.reread_kv_tokens)
         self.counter("vllm_probe_prefix_cache_hit_tokens_total", "Prompt tokens served by the prefix cache on "
                      "first passes (chunk.prefix_hit_tokens).", lambda e: e.prefix_hit_tokens)
-        # -- requests
+
+    def _requests(self) -> None:
+        """Requests added and finished, queue time and TTFT."""
         self.counter("vllm_probe_requests_added_total", "Requests that reached the scheduler (request_added).",
                      lambda e: e.requests_added)
         self.counter("vllm_probe_requests_finished_total", "Requests that left the scheduler (request_finished).",
@@ -252,7 +276,10 @@ class _Families:
         self.histogram("vllm_probe_time_to_first_token_seconds", "Arrival to the first token, seconds "
                        "(request_added.arrival_ts to the step after the first pass's last chunk).",
                        lambda e: e.ttft_s)
-        # -- queues and KV cache, as of the latest step
+
+    def _queues_and_kv(self) -> None:
+        """The queues and the KV cache as of the latest step."""
+        latest = _latest
         self.gauge("vllm_probe_running_requests", "Running queue length after the latest step (step.running).",
                    lambda e: latest(e, "running"))
         self.gauge("vllm_probe_waiting_requests", "Waiting queue length after the latest step (step.waiting).",
@@ -263,7 +290,10 @@ class _Families:
                    "(step.free_blocks).", lambda e: latest(e, "free_blocks"))
         self.gauge("vllm_probe_last_step_timestamp_seconds", "Wall-clock time of the latest step, Unix seconds "
                    "(step.ts).", lambda e: e.last_step_ts)
-        # -- the probe itself
+
+    def _probe(self) -> None:
+        """The probe's own health, the lines skipped and incomplete, info and findings."""
+        c = self.c
         self.counter("vllm_probe_events_written_total", "Event lines the engine core wrote (probe_stats; "
                      "written when the engine core stops).", lambda e: e.events_written)
         self.counter("vllm_probe_events_dropped_total", "Events the probe lost: queue full or write failed "
@@ -286,7 +316,28 @@ class _Families:
         self._info()
         if c.findings is not None:
             self._findings(c.findings(c.state))
-        return self.out
+
+    def _recompute(self, recompute: RecomputeListener | None) -> None:
+        """Recomputed positions as vLLM counts them: the probe's count from its preempt and
+        chunk events, and vLLM's own counter where the engine exposed it (only engine cores
+        whose steps carried it have a series). Without a listener following the state the
+        two families have no series."""
+        counts = recompute.counts if recompute is not None else {}
+        probe = CounterMetricFamily("vllm_probe_recomputed_positions_total",
+                                    "Token positions executed again below the highest position a preemption made "
+                                    f"stale, prefix-cache hits not counted: vLLM's {VLLM_METRIC} as the probe "
+                                    "counts it (preempt.discarded_tokens, chunk start/end).", labels=self.base)
+        engine = CounterMetricFamily("vllm_probe_engine_recomputed_token_executions_total",
+                                     f"vLLM's own {VLLM_METRIC} as the engine core counted it, summed over the "
+                                     f"steps that carried it (step.{ENGINE_FIELD}); no series where the engine "
+                                     "does not expose it.", labels=self.base)
+        for eng in self.engines:
+            rc = counts.get(eng.engine)
+            if recompute is not None:
+                probe.add_metric(self.labels(eng), rc.probe_tokens if rc is not None else 0)
+            if rc is not None and rc.engine_tokens is not None:
+                engine.add_metric(self.labels(eng), rc.engine_tokens)
+        self.out += [probe, engine]
 
     def _info(self) -> None:
         f = InfoMetricFamily("vllm_probe_engine_config", "The engine core's effective scheduler settings "
@@ -430,6 +481,7 @@ class MetricsServer:
         with collector.lock:
             self.live = live
             collector.state, collector.stats, collector.lock = live.state, live.stats, live.lock
+            collector.recompute = live.recompute
 
     def follow(self, run_dir: Path | str, *, background: bool = True) -> None:
         """Start following ``run_dir`` (files that appear later included) in a thread;

@@ -143,7 +143,7 @@ def trace_workload(path: Path, like: Workload, hash_size: int = HASH_SIZE, sec_m
 
     Arrivals are ``like``'s first arrival plus each ``timestamp``; every request stops
     after ``output_length`` tokens; ``hash_ids`` become shared blocks of ``hash_size``
-    tokens (:class:`vllm_probe.sim.replay.PromptBuilder`, as vLLM's ``TimedTrace``
+    tokens (:class:`vllm_probe.sim.tokens.PromptBuilder`, as vLLM's ``TimedTrace``
     expands them, a partial last chunk keyed by its size). Where the ids cover less than
     ``input_length`` (or there are none) the rest of the prompt is unique to the request
     (vLLM's benchmark would send the shorter prompt).

@@ -140,6 +140,9 @@ ENGINE_CONFIG = EventKind(
         Field("platform", "string", "-", "vLLM's platform the engine runs on (`current_platform`): `cpu`, `cuda`, `rocm`, `tpu`, `xpu`, … (what a remedy may ask of the engine depends on it: the CPU backend takes `gpu_memory_utilization` as a share of the NUMA node's memory).", True),
         Field("segment", "int", "-", "On the copy of this line that heads segment n ≥ 2 of an engine core's events (`events-<pid>.<n>.jsonl`, see `scheduler_probe.max_segment_mb`): n. Absent on the original line. The copy keeps the original's `ts` and is not an event: readers of the whole stream skip it, `probe_stats.events_written` does not count it.", True),
         Field("speed_mark_us", "float", "µs", _SPEED_MARK + " Timed when the scheduler was built, before its first step. Absent from older probes and from simulated runs (a replay's machine is its step-time model).", True),
+        Field("kv_cache_group_specs", "list[kv_group]", "-", "Each KV-cache group as the scheduler's KV-cache manager holds it, in vLLM's group order: `kind` (the spec class, e.g. `FullAttentionSpec`, `SlidingWindowSpec`), `block_size` (tokens per block), `sliding_window` (tokens, null without), `layers` (attention layers sharing the group's block table) and `blocks_per_request` (the blocks vLLM reserves for one request of `max_model_len` tokens in that group: `cdiv(max_memory_usage_bytes, page_size_bytes)`, `vllm/v1/core/kv_cache_utils.py` 0.32; a sliding-window group holds only its window plus the tokens in flight). Every group takes its blocks from the one pool of `num_kv_blocks`. What a replay needs to build the same groups.", True),
+        Field("kv_max_concurrency", "float", "x", "vLLM's own start-up figure \"Maximum concurrency for `max_model_len` tokens per request: X×\" (`cache_config.kv_cache_max_concurrency`, vLLM 0.32): `num_kv_blocks` / the sum of the groups' `blocks_per_request`. Absent where the release does not compute it.", True),
+        Field("speculative_method", "string", "-", "Speculative decoding's method (`ngram`, `eagle`, `draft_model`, `mtp`, …; absent without speculative decoding).", True),
     ),
 )
 
@@ -174,6 +177,18 @@ STEP = EventKind(
               "under async scheduling a slot held one more step by a finished request). Absent when "
               "nothing waits. `kv_cache` is named by elimination (no prefix-cache lookup); a KV "
               "connector's hidden skips before 0.18 read as `kv_cache`.", True),
+        Field("draft_tokens", "int", "tokens",
+              "With speculative decoding: draft tokens scheduled in this step for verification "
+              "(`scheduled_spec_decode_tokens`, placeholder padding of a request's first decode step "
+              "included): each takes a slot of the token budget beside its request's one decode token; "
+              "part of `decode_tokens`. Absent without speculative decoding.", True),
+        Field("verified_tokens", "int", "tokens",
+              "With speculative decoding: proposed draft tokens (padding excluded) whose verification vLLM "
+              "processed since the previous step line (`update_from_output`): without async scheduling, "
+              "the previous step's drafts.", True),
+        Field("accepted_tokens", "int", "tokens",
+              "With speculative decoding: of `verified_tokens`, those the model accepted (each one an output "
+              "token that took no step of its own).", True),
     ),
 )
 
@@ -244,6 +259,7 @@ REQUEST_FINISHED = EventKind(
         Field("output_tokens", "int", "tokens", "Tokens generated."),
         Field("num_preemptions", "int", "-", "Times the request was preempted."),
         Field("output_block_digests", "list[string]", "-", "With prefix caching on: the digests (as `request_added.block_digests`, same key) of the full blocks past the prompt's full blocks at the end: the blocks holding output tokens, the first of them also the prompt's last partial block. A later prompt that repeats this request's prompt and answer (a conversation's next turn) has these digests in its `block_digests`, and a replay hits them where the engine did; absent when the output filled no block. Switched by `scheduler_probe.log_block_digests`.", True),
+        Field("draft_verifications", "list[string]", "tokens", "With speculative decoding: one `\"output_index:proposed:accepted\"` per step that verified drafts of this request, in order (counts, never token ids): the output tokens it had before that step, the proposed draft tokens scheduled (`-1` padding excluded) and how many the model accepted; a fourth number, the draft slots scheduled, where the drafter padded its proposal (they took budget slots all the same), e.g. `\"41:1:0:3\"`. The placeholders of a request's first decode step (no output yet) are the scheduler's own and not listed. `accepted` is -1 for drafts a preemption dropped before their verification (vLLM clears them; they had asked the KV cache for their slots, which is what can preempt). A replay gives the request the same drafts at the same output positions and accepts the same number (about 10 bytes per verifying step: a 256-token answer verified 3 drafts at a time, ~700 bytes). Absent without drafts.", True),
     ),
 )
 

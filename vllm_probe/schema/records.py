@@ -18,13 +18,29 @@ arithmetic on it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, NotRequired, TypedDict, Union
 
 import msgspec
 
 from .events import COMMON_FIELDS, KINDS, EventKind, Field
 
-_TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]": list[str], "object": Any}
+_POSITIVE = msgspec.Meta(ge=1)
+
+
+class KVGroupSpec(TypedDict):
+    """One entry of ``engine_config.kv_cache_group_specs`` (decoded as a dict; a line whose
+    entry lacks ``kind`` or ``block_size``, or has a value of the wrong type or out of range,
+    fails validation, so no replay builds on it)."""
+
+    kind: str
+    block_size: Annotated[int, _POSITIVE]
+    sliding_window: NotRequired[Annotated[int, _POSITIVE] | None]
+    layers: NotRequired[Annotated[int, _POSITIVE]]
+    blocks_per_request: NotRequired[Annotated[int, msgspec.Meta(ge=0)] | None]
+
+
+_TYPES = {"int": int, "float": float, "string": str, "bool": bool, "list[string]": list[str], "object": Any,
+          "list[kv_group]": list[KVGroupSpec]}
 #: Values that cannot be negative (counts, sizes, times, steps) or exceed 1 (shares): a
 #: line with one out of range fails validation like a wrong type, so no figure is built
 #: on it. ``priority`` is any integer (vLLM: lower runs first).

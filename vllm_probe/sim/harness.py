@@ -109,6 +109,13 @@ class SchedulerSpec:
     async_scheduling: bool = False
     model_dir: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the KV-cache groups to build, as ``engine_config.kv_cache_group_specs`` records them
+    #: (``kind``, ``sliding_window``, ``layers``; each group's blocks are ``block_size``
+    #: tokens); None: one full-attention group
+    kv_groups: list[dict[str, Any]] | None = None
+    #: draft tokens per step (speculative decoding, as ``engine_config.num_speculative_tokens``);
+    #: 0: none. The scheduler gets an n-gram ``SpeculativeConfig`` (no draft model to load)
+    num_speculative_tokens: int = 0
 
 
 def make_vllm_config(spec: SchedulerSpec | None = None) -> Any:
@@ -149,9 +156,17 @@ def make_vllm_config(spec: SchedulerSpec | None = None) -> Any:
         **({"gpu_memory_utilization": 0.3} if accepts(CacheConfig, "gpu_memory_utilization") else {}),
     )
     cache_config.num_gpu_blocks = spec.num_blocks
+    extra: dict[str, Any] = {}
+    if spec.num_speculative_tokens:
+        from vllm.config import SpeculativeConfig
+
+        # n-gram: the method that needs no draft model and reserves no extra slot per request
+        # (SpeculativeConfig.max_num_new_slots_for_drafting, vllm/config/speculative.py 0.32)
+        extra["speculative_config"] = SpeculativeConfig(method="ngram",
+                                                        num_speculative_tokens=spec.num_speculative_tokens)
     vllm_config = VllmConfig(
         model_config=model_config, scheduler_config=scheduler_config,
-        cache_config=cache_config, device_config=DeviceConfig(device="cpu"),
+        cache_config=cache_config, device_config=DeviceConfig(device="cpu"), **extra,
     )
     if spec.async_scheduling and hasattr(vllm_config.scheduler_config, "async_scheduling"):
         vllm_config.scheduler_config.async_scheduling = True
@@ -164,20 +179,20 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
     Raises what :func:`make_vllm_config` raises for settings vLLM refuses.
     """
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.structured_output import StructuredOutputManager
-
-    import torch
 
     spec = spec or SchedulerSpec()
     vllm_config = make_vllm_config(spec)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=spec.num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["layer"], FullAttentionSpec(
-            block_size=spec.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32,
-        ))],
-    )
+    kv_cache_config = KVCacheConfig(num_blocks=spec.num_blocks, kv_cache_tensors=[],
+                                    kv_cache_groups=kv_cache_groups(spec))
+    try:  # what vLLM's engine core sets before it builds the scheduler (update_kv_cache_capacity, 0.32)
+        from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+
+        vllm_config.cache_config.kv_cache_max_concurrency = get_max_concurrency_for_kv_cache_config(
+            vllm_config, kv_cache_config)
+    except (ImportError, AttributeError, ValueError, TypeError, ZeroDivisionError):
+        pass  # a release without the figure: engine_config leaves it out, as that release's engine does
     cls = scheduler_cls or Scheduler
     kwargs: dict[str, Any] = dict(
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
@@ -185,6 +200,31 @@ def make_scheduler(spec: SchedulerSpec | None = None, scheduler_cls: type | None
     )
     kwargs.update(block_size=spec.block_size, hash_block_size=spec.block_size)
     return cls(**fit_kwargs("Scheduler", Scheduler.__init__, kwargs))
+
+
+def kv_cache_groups(spec: SchedulerSpec) -> list[Any]:
+    """vLLM ``KVCacheGroupSpec``s for ``spec``: one full-attention group of one layer, or
+    the groups of ``spec.kv_groups``, each of its recorded kind and layer count with
+    ``spec.block_size``-token blocks: ``SlidingWindowSpec`` with its window (the KV-cache
+    manager frees the blocks that fall out of the window, ``SlidingWindowManager``), a
+    ``FullAttentionSpec`` otherwise (``vllm/v1/kv_cache_interface.py`` 0.32). Every spec has
+    one 64-wide KV head in float32 (the scheduler reads only block sizes and windows; the
+    page size is the same in every group, as vLLM's hybrid allocator requires)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+
+    shape = dict(block_size=spec.block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    if not spec.kv_groups:
+        return [KVCacheGroupSpec(["layer"], FullAttentionSpec(**shape))]
+    out = []
+    for i, g in enumerate(spec.kv_groups):
+        window = g.get("sliding_window")
+        names = [f"group{i}.layer{j}" for j in range(max(int(g.get("layers") or 1), 1))]
+        if g.get("kind") == "SlidingWindowSpec" and window:
+            out.append(KVCacheGroupSpec(names, SlidingWindowSpec(**shape, sliding_window=int(window))))
+        else:
+            out.append(KVCacheGroupSpec(names, FullAttentionSpec(**shape)))
+    return out
 
 
 _ids = itertools.count()

@@ -4,6 +4,11 @@
 (:mod:`vllm_probe.sim.arrivals`), chooses the step-time model (a profile's shape at the
 recording's level, or the recording-only fit: :func:`step_time_model`) and measures how the
 machine's speed moved while the run ran (:func:`vllm_probe.sim.stepmodel.drift_factors`).
+A data-parallel run is replayed one rank at a time (``rank``): that engine core's own
+requests, as the front end sent them to it, through one scheduler, with a step-time model
+fitted on that rank's steps; the front end's balancing across ranks is kept as recorded,
+not replayed. The replay's events carry the rank (:class:`RankSink`), so its run
+directory reads as that rank's.
 The :class:`ReplayPlan` it returns makes the replay tasks (:meth:`ReplayPlan.task`) that
 ``vllm-probe whatif`` (:func:`vllm_probe.sim.whatif.predict`), the doctor's remedy search and
 ``tune`` (:class:`vllm_probe.advice.evaluate.Evaluator`) run: every replay of one plan, the
@@ -38,7 +43,7 @@ from ..analysis.workload import Workload, load_workload
 from ..engine.sink import EventSink
 from ..runs.rundir import META_FILE, atomic_dir, read_meta, write_meta
 from . import arrivals as arrival_models
-from . import engine_args
+from . import engine_args, model_shape
 from . import profile as profiles
 from .arrivals import Arrivals, ArrivalsError
 from .profile import Profile, ProfileError
@@ -242,9 +247,32 @@ def step_time_model(run_dir: str | Path, w: Workload, profile: str | Path | Prof
     return StepTimeChoice(model, "recording", None, None, notes)
 
 
-def recorded_summary(run_dir: Path) -> Summary:
-    """The run's summary as ``vllm-probe summary --json`` has it (notable moments included)."""
-    return analyze_story(run_dir)[1]
+def recorded_summary(run_dir: Path, rank: int | None = None) -> Summary:
+    """The run's summary as ``vllm-probe summary --json`` has it (notable moments included);
+    of data-parallel rank ``rank`` alone when given (``summary --rank N``)."""
+    if rank is None:
+        return analyze_story(run_dir)[1]
+    from ..analysis.ranks import analyze_rank_story
+
+    return analyze_rank_story(run_dir, rank)[1]
+
+
+class RankSink:
+    """The sink of a replay of one data-parallel rank: every event is written with
+    ``engine`` = the recorded rank (the harness's scheduler is rank 0), ``probe_stats``
+    too (``EventSink.engine``); everything else is passed through."""
+
+    def __init__(self, sink: Any, rank: int) -> None:
+        self.sink = sink
+        self.rank = rank
+        if hasattr(sink, "engine"):
+            sink.engine = rank
+
+    def emit(self, kind: Any, ts: float, engine: int, values: Any) -> None:
+        self.sink.emit(kind, ts, self.rank, values)
+
+    def close(self) -> None:
+        self.sink.close()
 
 
 def notes_of(w: Workload) -> list[str]:
@@ -271,12 +299,7 @@ def notes_of(w: Workload) -> list[str]:
                        and (r.prompt_len + r.output_tokens) // hbs > r.prompt_len // hbs for r in w.requests):
             notes.append("request_finished has no output_block_digests (an older probe): a prompt that repeats "
                          "an earlier answer hits the prefix cache only up to that answer in the replay")
-    groups = cfg.get("kv_cache_groups") or []
-    if len(groups) > 1 or any(g != "FullAttentionSpec" for g in groups):
-        notes.append(f"the model's KV cache has groups {groups}; the replay builds one full-attention group, "
-                     "so KV accounting is approximate")
-    if cfg.get("num_speculative_tokens"):
-        notes.append("speculative decoding is not replayed (each step samples one token per request)")
+    notes += model_shape.notes(w)  # KV-cache groups, speculative decoding
     if cfg.get("scheduler_class") == "AsyncScheduler":
         notes.append("AsyncScheduler: replayed with EngineCore's batch queue of two (real async runs of the CPU "
                      "engine, re-enabled after its platform hook, replayed step for step: docs/whatif.md, Coverage)")
@@ -321,6 +344,8 @@ class ReplayTask:
     command: list[str]
     closed: tuple[int, float] | None = None
     time_limit_s: float | None = None
+    #: the data-parallel rank replayed (its events carry it); None: a run of one rank
+    rank: int | None = None
 
 
 def run_all(tasks: list[ReplayTask], jobs: int,
@@ -382,13 +407,14 @@ def _replay_into(task: ReplayTask, run_dir: Path) -> None:
 
     start = time.time()
     sink = EventSink(run_dir / f"events-{os.getpid()}.jsonl", capacity=SINK_CAPACITY)
+    target: Any = sink if task.rank is None else RankSink(sink, task.rank)
     cfg = task.workload.config
     overlay = {k: cfg.get(k) for k in _RECORDED_FIELDS}
     if "gpu_memory_utilization" in task.overrides:
         overlay["gpu_memory_utilization"] = task.overrides["gpu_memory_utilization"]
     task.model.reset_counts()
     try:
-        stats = replay(task.workload, task.spec, task.model.predict, sink, mode=task.mode, config_overlay=overlay,
+        stats = replay(task.workload, task.spec, task.model.predict, target, mode=task.mode, config_overlay=overlay,
                        closed=task.closed, time_limit_s=task.time_limit_s)
     finally:
         sink.close()
@@ -410,6 +436,7 @@ def _replay_into(task: ReplayTask, run_dir: Path) -> None:
         "exit_code": 0,
         "whatif": {"mode": task.mode, "lag_s": task.workload.lag_s(), "model": task.model.to_dict(),
                    "replay": replay_info, "spec": asdict(task.spec) | {"model_dir": None}},
+        **({"rank": task.rank} if task.rank is not None else {}),
     })
 
 
@@ -428,6 +455,8 @@ class ReplayPlan:
             (:func:`~vllm_probe.sim.stepmodel.drift_factors`; empty when not measured).
         speed_drift: the largest departure of a tenth of the run from the model's speed
             (:attr:`~vllm_probe.sim.stepmodel.Quality.drift`; 0.1: ±10 %).
+        rank: the data-parallel rank replayed (its requests, its steps, its recorded
+            figures); None: the run has one rank.
     """
 
     run_dir: Path
@@ -437,6 +466,7 @@ class ReplayPlan:
     notes: list[str]
     drift: list[tuple[int, float]] = field(default_factory=list)
     speed_drift: float = 0.0
+    rank: int | None = None
 
     @property
     def model(self) -> StepTimeModel:
@@ -445,8 +475,8 @@ class ReplayPlan:
 
     @functools.cached_property
     def recorded(self) -> Summary:
-        """The recording's summary (read on first use)."""
-        return recorded_summary(self.run_dir)
+        """The recording's summary, of :attr:`rank` alone when set (read on first use)."""
+        return recorded_summary(self.run_dir, self.rank)
 
     def check(self, overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
         """``(overrides, every setting in force, the harness spec)`` for a point, checked as
@@ -470,15 +500,27 @@ class ReplayPlan:
             SettingError: see :meth:`check`.
         """
         overrides, settings, spec = checked if checked is not None else self.check(overrides)
-        command = command if command is not None else ["vllm-probe", "whatif", str(self.run_dir)] + [
+        command = command if command is not None else ["vllm-probe", "whatif", str(self.run_dir)] + self.rank_args() + [
             a for k, v in overrides.items() for a in ("--set", f"{k}={setting_text(v)}")]
         return ReplayTask(workload if workload is not None else self.workload,
                           model if model is not None else self.model, overrides, settings, spec, run_dir, mode,
-                          source or str(self.run_dir), command, self.arrivals.closed if workload is None else None)
+                          source or str(self.run_dir), command, self.arrivals.closed if workload is None else None,
+                          rank=self.rank)
+
+    def default_out(self) -> Path:
+        """Where ``whatif`` puts its replays by default: ``<run_dir>-whatif`` next to the run,
+        ``<run_dir>-whatif-rank<N>`` for one rank of a data-parallel run."""
+        suffix = "" if self.rank is None else f"-rank{self.rank}"
+        return self.run_dir.parent / f"{self.run_dir.name}-whatif{suffix}"
+
+    def rank_args(self) -> list[str]:
+        """``["--rank", "N"]`` when the plan replays one rank of a data-parallel run, else []."""
+        return [] if self.rank is None else ["--rank", str(self.rank)]
 
 
 def prepare(run_dir: str | Path, *, profile: str | Path | Profile | bool | None = None, force: bool = False,
-            arrivals: str | Arrivals | None = None, step_time_scale: float = 1.0) -> ReplayPlan:
+            arrivals: str | Arrivals | None = None, step_time_scale: float = 1.0,
+            rank: int | None = None) -> ReplayPlan:
     """Prepare the run in ``run_dir`` for replays.
 
     Args:
@@ -491,15 +533,18 @@ def prepare(run_dir: str | Path, *, profile: str | Path | Profile | bool | None 
             :class:`~vllm_probe.sim.arrivals.Arrivals`.
         step_time_scale: multiplies every predicted step time (1.25: an engine 25 % slower
             than during the recording).
+        rank: the data-parallel rank to replay (its own requests; the front end's balancing
+            across ranks is kept as recorded); None: the run's one rank.
 
     Raises:
         WhatifError: no vLLM, a model that cannot be fitted, a bad arrivals spec or scale.
         ProfileRefused: the profile is unreadable or another engine's without ``force``.
-        WorkloadError: a run without request or step events.
+        WorkloadError: a run without request or step events; a run of several ranks
+            without ``rank``, or without that rank.
     """
     require_vllm()
     run_dir = Path(run_dir)
-    w = load_workload(run_dir)
+    w = load_workload(run_dir, rank=rank)
     try:
         spec = arrival_models.parse(arrivals) if isinstance(arrivals, str) or arrivals is None else arrivals
         arrival = arrival_models.resolve(w, spec)
@@ -508,6 +553,8 @@ def prepare(run_dir: str | Path, *, profile: str | Path | Profile | bool | None 
     if arrival.kind == "closed":  # a closed-loop client is no offline burst
         w = unanchored(w)
     notes = notes_of(w)
+    if rank is not None:
+        notes.insert(0, rank_note(run_dir, rank, len(w.requests)))
     choice = step_time_model(run_dir, w, profile, force)
     notes += choice.notes
     notes.append(arrival.describe())
@@ -518,9 +565,21 @@ def prepare(run_dir: str | Path, *, profile: str | Path | Profile | bool | None 
         notes.append(f"every step time is scaled by {step_time_scale:g}, the baseline's too")
     speed_drift = choice.model.quality.drift if choice.model.quality else 0.0
     factors = drift_factors(choice.model, w) if speed_drift else []
-    return ReplayPlan(run_dir, w, arrival, choice, notes, factors, speed_drift)
+    return ReplayPlan(run_dir, w, arrival, choice, notes, factors, speed_drift, rank)
 
 
-__all__ = ["BASELINE_TOLERANCES", "MODEL_SOURCES", "ConfigResult", "ProfileRefused", "ReplayPlan", "ReplayTask",
-           "StepTimeChoice", "WhatifError", "baseline_error", "notes_of", "prepare", "quiet_vllm", "recorded_summary",
-           "require_vllm", "run_all", "run_task", "setting_text", "slug", "step_time_model", "unanchored"]
+def rank_note(run_dir: Path, rank: int, requests: int) -> str:
+    """What a replay of one rank of a data-parallel run keeps and leaves out, one line."""
+    from ..runs.ranks import layout
+
+    ranks = layout(run_dir).ids
+    return (f"data parallel: rank {rank} of ranks {', '.join(str(r) for r in ranks)}, replayed alone with its own "
+            f"{requests} request(s) as the front end sent them to it; the balancing across ranks is kept as "
+            "recorded, not replayed (a setting that changes how fast this rank drains does not move requests "
+            "to or from the other ranks)")
+
+
+__all__ = ["BASELINE_TOLERANCES", "MODEL_SOURCES", "ConfigResult", "ProfileRefused", "RankSink", "ReplayPlan",
+           "ReplayTask", "StepTimeChoice", "WhatifError", "baseline_error", "notes_of", "prepare", "quiet_vllm",
+           "rank_note", "recorded_summary", "require_vllm", "run_all", "run_task", "setting_text", "slug",
+           "step_time_model", "unanchored"]

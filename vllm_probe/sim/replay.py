@@ -20,7 +20,7 @@ core steps once more to report the finished requests (``run_busy_loop`` while
 (:func:`flushes_when_idle` reads which from the recording), and neither does the replay.
 
 **Tokens**: each request's prompt and answer are rebuilt from its recorded block digests
-(:class:`PromptBuilder`), and the fake model samples the answer's planned tokens, so a
+(:class:`~vllm_probe.sim.tokens.PromptBuilder`), and the fake model samples the answer's planned tokens, so a
 prompt that repeats an earlier answer hits that answer's cached blocks as in the engine.
 
 **Arrivals** (``timed``, the default): a request becomes available at its front-end
@@ -63,7 +63,9 @@ from ..engine.hooks import Runtime
 from ..schema.events import ENGINE_CONFIG
 from ..settings import ProbeFlags
 from .harness import SchedulerSpec, block_hash_fn, fit_kwargs, make_scheduler, model_runner_output
+from .model_shape import Drafts, as_recorded
 from .stepmodel import ShapeTracker, output_features
+from .tokens import PromptBuilder, TokenPlan
 
 #: Token id the fake model samples; :data:`STOP_TOKEN` ends a ``stop`` request.
 SAMPLE_TOKEN = 7
@@ -103,134 +105,6 @@ class VirtualClock:
 
     def time(self) -> float:
         return self.now
-
-
-class PromptBuilder:
-    """Token ids for replayed requests that share exactly the blocks the recorded ones did.
-
-    Each distinct block id (a ``block_digests`` or ``output_block_digests`` entry, or a
-    trace's hash id) gets a block of ``block_tokens`` ids of its own. A request's tokens,
-    prompt then output, are the blocks of its ids in order (its prompt's digests, then the
-    digests of its answer's blocks), then tokens unique to it. Two rebuilt requests
-    therefore share exactly the leading blocks whose ids were equal: prompt blocks, and the
-    blocks of an earlier answer that a later prompt repeats (a conversation's next turn) or
-    that an identical prompt's identical answer fills. vLLM's KV-cache manager then hits
-    (and evicts) where the recorded one did, provided the replay's fake model samples the
-    planned output tokens (:meth:`plan`, :meth:`TokenPlan.output_token`). Ids are plain
-    integers far above any vocabulary (the scheduler only hashes them). ``partial``: a
-    trailing id covering fewer than ``block_tokens`` tokens gets its own tokens per length
-    (vLLM's ``TimedTrace`` keys partial chunks by ``hash:size``).
-    """
-
-    _BLOCK_BASE = 1 << 32
-    _TAIL_BASE = 1 << 48
-
-    def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
-        self._index: dict[Any, int] = {}
-        #: (block's first token id, offset) -> the token sampled there instead (a stop token)
-        self._override: dict[tuple[int, int], int] = {}
-        self._overridden: set[int] = set()  # the first token ids of those blocks
-
-    def _block_base(self, key: Any, size: int) -> int:
-        idx = self._index.setdefault((key, size), len(self._index))
-        return self._BLOCK_BASE + idx * self.block_tokens
-
-    def plan(self, order: int, prompt_len: int, ids: Sequence[Any] | None, output_ids: Sequence[Any] | None = None,
-             output_len: int = 0, stop_token: int | None = None) -> TokenPlan:
-        """The tokens of request ``order``: ``prompt_len`` prompt tokens from ``ids``, then
-        ``output_len`` output tokens, from ``output_ids`` where its answer filled blocks
-        (used only when ``ids`` covers exactly the prompt's full blocks, as recorded);
-        ``stop_token``: its last output token (a ``stop`` request's)."""
-        bt = self.block_tokens
-        blocks: list[tuple[int, int]] = []  # (first token id, tokens) per block of ids, in order
-        covered = 0
-        for key in ids or ():
-            if covered >= prompt_len:
-                break
-            size = min(bt, prompt_len - covered)
-            blocks.append((self._block_base(key, size), size))
-            covered += size
-        if output_ids and len(ids or ()) == prompt_len // bt == len(blocks):
-            total = prompt_len + output_len
-            for key in output_ids:
-                if covered + bt > total:
-                    break
-                blocks.append((self._block_base(key, bt), bt))
-                covered += bt
-        plan = TokenPlan(self, prompt_len, blocks, covered, self._TAIL_BASE + order * (1 << 24), output_len)
-        if stop_token is not None and output_len > 0:
-            plan.set_last(stop_token)
-        return plan
-
-    def tokens(self, order: int, prompt_len: int, ids: Sequence[Any] | None) -> list[int]:
-        """``prompt_len`` token ids for request ``order`` whose blocks are ``ids``."""
-        return self.plan(order, prompt_len, ids).prompt()
-
-
-class TokenPlan:
-    """One replayed request's tokens (:meth:`PromptBuilder.plan`): position -> token id,
-    computed when asked (a prompt is built once; an output token each time it is sampled)."""
-
-    __slots__ = ("builder", "prompt_len", "blocks", "covered", "tail", "output_len", "last")
-
-    def __init__(self, builder: PromptBuilder, prompt_len: int, blocks: list[tuple[int, int]], covered: int,
-                 tail: int, output_len: int) -> None:
-        self.builder = builder
-        self.prompt_len = prompt_len
-        self.blocks = blocks
-        self.covered = covered  # tokens covered by blocks; the rest are the request's own (tail + position)
-        self.tail = tail
-        self.output_len = output_len
-        self.last: int | None = None  # the last output token when it is set apart (a stop token)
-
-    def token(self, pos: int) -> int:
-        """The token id at position ``pos`` (prompt positions first)."""
-        if pos >= self.covered:
-            return self.tail + pos - self.covered
-        bt = self.builder.block_tokens
-        base = self.blocks[pos // bt][0]
-        override = self.builder._override
-        return override.get((base, pos % bt), base + pos % bt) if override else base + pos % bt
-
-    def prompt(self) -> list[int]:
-        """The prompt's token ids."""
-        n = self.prompt_len
-        out: list[int] = []
-        for base, size in self.blocks:
-            first = len(out)
-            if first >= n:
-                break
-            take = min(size, n - first)
-            if base in self.builder._overridden:
-                out += [self.token(first + j) for j in range(take)]
-            else:
-                out += range(base, base + take)
-        if len(out) < n:  # past its blocks, a prompt's tokens are its own
-            out += range(self.tail, self.tail + n - len(out))
-        return out
-
-    def set_last(self, token: int) -> None:
-        """Make the last output token ``token``; where it lies in a block of ids, every
-        request with that block gets it there (the block hashes as it did)."""
-        pos = self.prompt_len + self.output_len - 1
-        self.last = token
-        if pos < self.covered:
-            base, _ = self.blocks[pos // self.builder.block_tokens]
-            self.builder._override[(base, pos % self.builder.block_tokens)] = token
-            self.builder._overridden.add(base)
-
-    def output_token(self, index: int, default: int) -> int:
-        """The token the fake model samples as output ``index`` (0-based): the plan's;
-        past the planned output (a request aborted later than recorded), ``default``; a
-        request's own stop token anywhere but at its end would stop it early, so
-        ``default`` there too."""
-        if index >= self.output_len:
-            return default
-        if index == self.output_len - 1 and self.last is not None:
-            return self.last
-        tok = self.token(self.prompt_len + index)
-        return default if tok == self.last else tok
 
 
 @dataclass
@@ -298,6 +172,8 @@ class _Requests:
         self.prompts = prompts
         self.max_model_len = spec.max_model_len
         self.plans: dict[str, TokenPlan] = {}
+        #: speculative decoding: the recorded drafts each request proposes and accepts
+        self.drafts = Drafts.of(w, spec, SAMPLE_TOKEN)
 
     def __call__(self, r: WorkloadRequest) -> Any:
         from vllm.sampling_params import SamplingParams
@@ -341,29 +217,38 @@ def _request_factory(w: Workload, spec: SchedulerSpec,
 
 
 def _model_output(sched: Any, out: Any, samplers: set[str], stop_at: dict[str, int],
-                  planned: Callable[[str, int], int | None] | None = None) -> Any:
-    """vLLM's ``ModelRunnerOutput`` for ``out``: one token for each request in
-    ``samplers`` (its step ended its prefill or decoded): the one ``planned(req_id,
-    output index)`` gives, else the stop token when it is a ``stop`` request's last,
-    else :data:`SAMPLE_TOKEN`."""
+                  planned: Callable[[str, int], int | None] | None = None,
+                  accepted: Callable[[str, int, int], int] | None = None) -> Any:
+    """vLLM's ``ModelRunnerOutput`` for ``out``: for each request in ``samplers`` (its step
+    ended its prefill or decoded) one token, plus the drafts ``accepted(req_id, output
+    index, proposed drafts)`` accepts where the step verified drafts (speculative
+    decoding: an accepted draft is an output token of the same step). Each token is the one
+    ``planned(req_id, output index)`` gives, else the stop token at a ``stop`` request's
+    last, else :data:`SAMPLE_TOKEN`."""
     req_ids = list(out.num_scheduled_tokens)
     sampled: list[list[int]] = []
     requests = sched.requests
+    spec = out.scheduled_spec_decode_tokens if accepted is not None else None
     for rid in req_ids:
         if rid not in samplers:
             sampled.append([])
             continue
         req = requests.get(rid)
-        if planned is not None and req is not None:
-            tok = planned(rid, req.num_output_tokens)
-            if tok is not None:
-                sampled.append([tok])
-                continue
+        n = 1
+        if spec and req is not None:
+            ids = spec.get(rid)
+            if ids:
+                proposed = next((i for i, t in enumerate(ids) if t < 0), len(ids))
+                n += accepted(rid, req.num_output_tokens, proposed) if proposed else 0  # type: ignore[misc]
+        toks = []
+        at = req.num_output_tokens if req is not None else 0
         last = stop_at.get(rid)
-        if last is not None and req is not None and req.num_output_tokens + 1 >= last:
-            sampled.append([STOP_TOKEN])
-            continue
-        sampled.append([SAMPLE_TOKEN])
+        for k in range(n):
+            tok = planned(rid, at + k) if planned is not None and req is not None else None
+            if tok is None:
+                tok = STOP_TOKEN if last is not None and req is not None and at + k + 1 >= last else SAMPLE_TOKEN
+            toks.append(tok)
+        sampled.append(toks)
     return model_runner_output(req_ids, sampled)
 
 
@@ -444,6 +329,7 @@ def replay(
         patches.install(Scheduler, rt, vllm.__version__)
         if not rt.patched:  # install() left a class patched elsewhere as it was
             raise ReplayError("vLLM's Scheduler is patched by another copy of vllm-probe in this process")
+        spec = as_recorded(spec, w.config)
         sched = make_scheduler(spec, scheduler_cls)
         return _loop(w, sched, step_time, clock, mode, w.lag_s() if lag_s is None else lag_s,
                      _request_factory(w, spec, prompts), depth, max_steps, RequestStatus, closed, time_limit_s)
@@ -481,9 +367,119 @@ def _clients(w: Workload, closed: tuple[int, float] | None) -> list[_Client]:
     return out
 
 
+class _Arrivals:
+    """Where a replay's requests come from, in the module docstring's order: offline bursts
+    anchored to a step index, requests at their recorded times (plus the front-end lag,
+    clamped into their windows), and closed-loop clients that send their next request when
+    one finishes. Times are seconds since the recording's ``t0``."""
+
+    def __init__(self, w: Workload, mode: str, lag_s: float, closed: tuple[int, float] | None) -> None:
+        self.t0 = w.t0
+        self.lag_s = lag_s
+        reqs = w.requests
+        self.clients = _clients(w, closed) if mode != "steps" else []
+        #: request -> the closed-loop client that sent it (popped when it finishes)
+        self.client_of: dict[str, _Client | None] = {r.req_id: c for c in self.clients for r in c.queue}
+        if mode == "steps":
+            self.anchored = sorted(reqs, key=lambda r: (r.add_before_step, r.order))
+            self.timed: list[WorkloadRequest] = []
+        else:  # a closed-loop client's requests are never anchored to a step: they follow its finishes
+            self.anchored = sorted((r for r in reqs if r.anchored and r.req_id not in self.client_of),
+                                   key=lambda r: (r.add_before_step, r.order))
+            self.timed = sorted((r for r in reqs if not r.anchored and r.req_id not in self.client_of),
+                                key=lambda r: (self.avail(r), r.order))
+        self.times = [self.avail(r) for r in self.timed]
+        self.i = self.j = 0  # next timed, next anchored
+        #: closed-loop requests sent so far, by when they become available: (s, order, request)
+        self.sent_heap: list[tuple[float, int, WorkloadRequest]] = []
+        self.sent: dict[int, float] = {}  # request (order) -> when its client sent it (s)
+        for c in self.clients:  # the first N of each client as recorded
+            for _ in range(min(c.n, len(c.queue))):
+                r = c.queue.popleft()
+                c.inflight += 1
+                c.last = max(c.last, self.avail(r))
+                heapq.heappush(self.sent_heap, (self.avail(r), r.order, r))
+
+    def avail(self, r: WorkloadRequest) -> float:
+        """When ``r`` can be added (s since ``t0``)."""
+        a = r.stamp + self.lag_s
+        if r.avail_lo is not None and r.avail_hi is not None:
+            a = min(max(a, r.avail_lo), r.avail_hi)
+        return a - self.t0
+
+    def first(self) -> float:
+        """When the first request is there (s): the first step starts then."""
+        firsts = self.times[:1] + [self.sent_heap[0][0] for _ in self.sent_heap[:1]] + [
+            (r.avail_hi if r.avail_hi is not None else r.stamp) - self.t0 for r in self.anchored[:1]]
+        return min(firsts) if firsts else 0.0
+
+    def due(self, step: int, now: float) -> list[WorkloadRequest]:
+        """The requests to add before step ``step`` at ``now``, in arrival order."""
+        due = []
+        anchored, timed, times, heap = self.anchored, self.timed, self.times, self.sent_heap
+        while self.j < len(anchored) and anchored[self.j].add_before_step <= step:
+            due.append(anchored[self.j])
+            self.j += 1
+        while self.i < len(timed) and times[self.i] <= now + 1e-9:
+            due.append(timed[self.i])
+            self.i += 1
+        while heap and heap[0][0] <= now + 1e-9:
+            due.append(heapq.heappop(heap)[2])
+        return sorted(due, key=lambda r: r.order) if len(due) > 1 else due
+
+    def pending(self) -> bool:
+        """Whether any request is still to come (an idle engine is then not stuck)."""
+        return (self.i < len(self.timed) or self.j < len(self.anchored) or bool(self.sent_heap)
+                or any(c.queue for c in self.clients))
+
+    def when_idle(self, sched: Any, make: _Requests, now: float, mode: str) -> float | None:
+        """Nothing to run and no output pending: the next burst is added (before this same
+        step), a closed-loop client with nothing in flight sends its next, or the clock jumps
+        to the next arrival. Returns the new ``now`` (s), None when nothing is left to come."""
+        stuck = [c for c in self.clients if c.queue and not c.inflight]
+        more_timed = self.i < len(self.timed) or bool(self.sent_heap)
+        if self.j >= len(self.anchored) and not more_timed and not stuck:
+            return None
+        if self.j < len(self.anchored) and ((not more_timed and not stuck) or mode == "steps"):
+            batch = self.anchored[self.j].add_before_step
+            while self.j < len(self.anchored) and self.anchored[self.j].add_before_step == batch:
+                sched.add_request(make(self.anchored[self.j]))
+                self.j += 1
+        elif stuck:
+            self._send(min(stuck, key=lambda c: c.queue[0].order), now, now)
+        else:
+            now = max(now, min(self.times[self.i] if self.i < len(self.timed) else float("inf"),
+                               self.sent_heap[0][0] if self.sent_heap else float("inf")))
+        return now
+
+    def finished(self, rid: str, now: float) -> None:
+        """Request ``rid`` left the scheduler at ``now``: its client, if any, sends its next
+        after that request's think time."""
+        c = self.client_of.pop(rid, None)
+        if c is None:
+            return
+        c.inflight -= 1
+        if c.queue:
+            think = c.queue[0].think_s
+            think = c.think_s if think is None else think
+            at = max(now + think + self.lag_s, c.last)
+            self._send(c, at, at - self.lag_s)
+
+    def _send(self, c: _Client, at: float, stamp: float) -> None:
+        """``c``'s next request becomes available at ``at``, stamped ``stamp`` (s)."""
+        r = c.queue.popleft()
+        c.inflight += 1
+        c.last = at
+        self.sent[r.order] = stamp
+        heapq.heappush(self.sent_heap, (at, r.order, r))
+
+
 def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mode: str, lag_s: float,
           make: _Requests, depth: int, max_steps: int | None, status: Any,
           closed: tuple[int, float] | None = None, time_limit_s: float | None = None) -> ReplayStats:
+    """``EngineCore``'s loop on the virtual clock (the module docstring): add what is due,
+    ``schedule()``, advance the clock by the step-time model, then (``depth`` outputs later,
+    the batch queue) process aborts and ``update_from_output``."""
     t0 = w.t0
     flush_idle = flushes_when_idle(w)
     reqs = w.requests
@@ -491,58 +487,9 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
         max_steps = 100 * (sum(r.prompt_len + r.output_tokens for r in reqs) + len(reqs)) + 1000
     stop_at = {r.req_id: max(r.output_tokens, 1) for r in reqs if r.finish_reason == "stop"}
     aborts = {r.req_id: r for r in reqs if r.finish_reason in ("abort", "error")}
-
-    def avail(r: WorkloadRequest) -> float:
-        """When ``r`` can be added (s since ``t0``)."""
-        a = r.stamp + lag_s
-        if r.avail_lo is not None and r.avail_hi is not None:
-            a = min(max(a, r.avail_lo), r.avail_hi)
-        return a - t0
-
-    clients = _clients(w, closed) if mode != "steps" else []
-    client_of: dict[str, _Client | None] = {r.req_id: c for c in clients for r in c.queue}
-    if mode == "steps":
-        anchored = sorted(reqs, key=lambda r: (r.add_before_step, r.order))
-        timed: list[WorkloadRequest] = []
-    else:  # a closed-loop client's requests are never anchored to a step: they follow its finishes
-        anchored = sorted((r for r in reqs if r.anchored and r.req_id not in client_of),
-                          key=lambda r: (r.add_before_step, r.order))
-        timed = sorted((r for r in reqs if not r.anchored and r.req_id not in client_of),
-                       key=lambda r: (avail(r), r.order))
-    times = [avail(r) for r in timed]
-    # closed-loop requests sent so far, by when they become available: (s since t0, order, request)
-    sent_heap: list[tuple[float, int, WorkloadRequest]] = []
-    sent: dict[int, float] = {}  # closed loop: request (order) -> when the client sent it (s since t0)
-
-    def send(c: _Client, at: float, stamp: float) -> None:
-        """``c``'s next request becomes available at ``at``, stamped ``stamp`` (s since t0)."""
-        r = c.queue.popleft()
-        c.inflight += 1
-        c.last = at
-        sent[r.order] = stamp
-        heapq.heappush(sent_heap, (at, r.order, r))
-
-    for c in clients:  # the first N of each client as recorded
-        for _ in range(min(c.n, len(c.queue))):
-            r = c.queue.popleft()
-            c.inflight += 1
-            c.last = max(c.last, avail(r))
-            heapq.heappush(sent_heap, (avail(r), r.order, r))
-
-    def finished(c: _Client) -> None:
-        """One of ``c``'s requests finished: it sends its next after that one's think time."""
-        c.inflight -= 1
-        if c.queue:
-            think = c.queue[0].think_s
-            think = c.think_s if think is None else think
-            at = max(now + think + lag_s, c.last)
-            send(c, at, at - lag_s)
-
-    i = j = 0
+    arrivals = _Arrivals(w, mode, lag_s, closed)
     step = 0
-    firsts = times[:1] + [sent_heap[0][0] for _ in sent_heap[:1]] + [
-        (anchored[0].avail_hi if anchored[0].avail_hi is not None else anchored[0].stamp) - t0 for _ in anchored[:1]]
-    now = min(firsts) if firsts else 0.0  # the first step starts when its request is there
+    now = arrivals.first()
     shapes = ShapeTracker()
     queue: deque = deque()
     stats = ReplayStats(requests=len(reqs))
@@ -551,20 +498,11 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
     while step < max_steps:
         if time_limit_s is not None and step % CLOCK_EVERY == 0 and time.perf_counter() - wall0 > time_limit_s:
             raise ReplayTimeLimit(step, time.perf_counter() - wall0)
-        due = []
-        while j < len(anchored) and anchored[j].add_before_step <= step:
-            due.append(anchored[j])
-            j += 1
-        while i < len(timed) and times[i] <= now + 1e-9:
-            due.append(timed[i])
-            i += 1
-        while sent_heap and sent_heap[0][0] <= now + 1e-9:
-            due.append(heapq.heappop(sent_heap)[2])
         clock.now = t0 + now
-        for r in sorted(due, key=lambda r: r.order):
+        for r in arrivals.due(step, now):
             req = make(r)
-            if r.order in sent:  # stamped when the client sent it, as the front end would
-                req.arrival_time = t0 + sent[r.order]
+            if r.order in arrivals.sent:  # stamped when the client sent it, as the front end would
+                req.arrival_time = t0 + arrivals.sent[r.order]
             sched.add_request(req)
         # an engine core stepped in-process by LLM stops once its caller has nothing unfinished
         if sched.has_requests() if flush_idle else sched.has_unfinished_requests():
@@ -576,8 +514,7 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
                 idle_steps = 0
             else:
                 idle_steps += 1
-                if (idle_steps >= STUCK_STEPS and i >= len(timed) and j >= len(anchored) and not queue
-                        and not sent_heap and not any(c.queue for c in clients)):
+                if idle_steps >= STUCK_STEPS and not queue and not arrivals.pending():
                     raise ReplayError(f"no progress for {STUCK_STEPS} steps with {len(sched.requests)} "
                                       "requests left: a request cannot be admitted at these settings")
             now += step_time(output_features(sched, out, shapes))
@@ -587,42 +524,41 @@ def _loop(w: Workload, sched: Any, step_time: Callable, clock: VirtualClock, mod
             if len(queue) < depth and (busy or sched.has_requests()):
                 continue  # async: keep the batch queue full before waiting on an output
         elif not queue:
-            stuck = [c for c in clients if c.queue and not c.inflight]
-            if i >= len(timed) and j >= len(anchored) and not sent_heap and not stuck:
+            idle_now = arrivals.when_idle(sched, make, now, mode)
+            if idle_now is None:
                 break
-            if j < len(anchored) and ((i >= len(timed) and not sent_heap and not stuck) or mode == "steps"):
-                # the engine blocked with nothing to do; the next burst comes before this same step
-                batch = anchored[j].add_before_step
-                while j < len(anchored) and anchored[j].add_before_step == batch:
-                    sched.add_request(make(anchored[j]))
-                    j += 1
-            elif stuck:  # a closed-loop client with nothing in flight: it sends its next now
-                send(min(stuck, key=lambda c: c.queue[0].order), now, now)
-            else:  # idle: jump to the next arrival
-                now = max(now, min(times[i] if i < len(timed) else float("inf"),
-                                   sent_heap[0][0] if sent_heap else float("inf")))
+            now = idle_now
             continue
         out, samplers = queue.pop()
-        for rid in [rid for rid, r in aborts.items() if _abort_due(r, step - 1, now + t0, mode)]:
-            del aborts[rid]
-            if rid in sched.requests:
-                sched.finish_requests(rid, status.FINISHED_ABORTED)
-                owner = client_of.pop(rid, None)
-                if owner is not None:
-                    finished(owner)
-        sched.update_from_output(out, _model_output(sched, out, samplers, stop_at, make.sample))
-        if client_of:  # a request leaves the scheduler only by finishing in the step that scheduled it
-            live = sched.requests
-            for rid in out.num_scheduled_tokens:
-                if rid not in live:
-                    owner = client_of.pop(rid, None)
-                    if owner is not None:
-                        finished(owner)
+        _process_output(sched, out, samplers, step, now, mode, aborts, stop_at, make, depth, arrivals, status)
     stats.steps = step
     stats.virtual_s = now
     stats.wall_s = time.perf_counter() - wall0
     stats.cpu_s = time.thread_time() - cpu0
     return stats
+
+
+def _process_output(sched: Any, out: Any, samplers: set[str], step: int, now: float, mode: str,
+                    aborts: dict[str, WorkloadRequest], stop_at: dict[str, int], make: _Requests, depth: int,
+                    arrivals: _Arrivals, status: Any) -> None:
+    """One scheduled step's output: the aborts due before it (``_process_aborts_queue``),
+    ``update_from_output`` with the fake model's output, the recorded drafts proposed for
+    the next step, and the finished requests' clients told."""
+    t0 = arrivals.t0
+    for rid in [rid for rid, r in aborts.items() if _abort_due(r, step - 1, now + t0, mode)]:
+        del aborts[rid]
+        if rid in sched.requests:
+            sched.finish_requests(rid, status.FINISHED_ABORTED)
+            arrivals.finished(rid, now)
+    sched.update_from_output(out, _model_output(sched, out, samplers, stop_at, make.sample,
+                                                make.drafts.accepted if make.drafts else None))
+    if make.drafts and depth == 1 and out.total_num_scheduled_tokens:
+        make.drafts.propose(sched, out)
+    if arrivals.client_of:  # a request leaves the scheduler only by finishing in the step that scheduled it
+        live = sched.requests
+        for rid in out.num_scheduled_tokens:
+            if rid not in live:
+                arrivals.finished(rid, now)
 
 
 def flushes_when_idle(w: Workload) -> bool:

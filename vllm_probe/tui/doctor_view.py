@@ -20,6 +20,7 @@ from ..analysis.catalogue import label_of
 from ..schema.engine_settings import BY_NAME
 from .charts import line, sep
 from .format import count, figure, signed_pct, with_range
+from .ranks_view import rank_heading
 from .whatif_view import outside_line, step_time_model_line
 
 #: How each severity reads.
@@ -130,7 +131,8 @@ def _outside(findings: list[Finding], replayed: Prediction) -> Text | None:
 
 
 def render_report(report: Report, width: int = 120) -> RenderableType:
-    """The ``vllm-probe doctor`` report: a header, then each finding worst first."""
+    """The ``vllm-probe doctor`` report: a header, then each finding worst first; on a run
+    of several data-parallel ranks, one section per rank (its findings worst first)."""
     state = report.state
     cfg = state.config
     steps = int(state.total("steps"))
@@ -145,6 +147,10 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
             f"expected settings from {report.expected_source}" if report.expected_source else "",
         ) if x), style="dim"),
     ]
+    multi = len(report.ranks) > 1
+    if multi and report.rank is not None:
+        parts.insert(1, rank_heading(report.rank, report.ranks, "its own events; remedies replayed on its own "
+                                     "requests, the balancing across ranks as recorded", width))
     replayed = next((f.predicted for f in report.findings if f.predicted and f.predicted.baseline_error), None)
     if replayed is not None:
         parts.append(baseline_line(known(replayed.baseline_error), known(replayed.stretch)))
@@ -159,9 +165,22 @@ def render_report(report: Report, width: int = 120) -> RenderableType:
     if not serious and report.all_clear:
         parts.append(Text(report.all_clear, style="bold green" if report.all_clear.startswith("No finding above info:")
                           else "bold yellow"))
-    for f in shown:
+    if not multi or report.rank is not None:
+        for f in shown:
+            parts.append(Text(""))
+            parts.append(_finding(f, report.run_dir))
+        return Group(*parts)
+    for rank in [None, *report.ranks]:  # findings about the run as a whole first, then each rank's
+        of_rank = [f for f in shown if f.engine == rank]
+        if rank is None and not of_rank:
+            continue
         parts.append(Text(""))
-        parts.append(_finding(f, report.run_dir))
+        parts.append(rank_heading(rank, report.ranks, f"{len(of_rank)} finding{'s' if len(of_rank) != 1 else ''} "
+                                  f"(vllm-probe doctor --rank {rank}: replays its remedies)", width)
+                     if rank is not None else Text("every rank together", style="bold"))
+        for f in of_rank:
+            parts.append(Text(""))
+            parts.append(_finding(f, report.run_dir))
     return Group(*parts)
 
 

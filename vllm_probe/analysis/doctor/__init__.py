@@ -12,7 +12,7 @@ plan are searched by the replay in :mod:`vllm_probe.advice` (:mod:`vllm_probe.ad
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
@@ -66,15 +66,25 @@ class Report:
     #: the one plan for the run (:class:`~.plan.Plan`: replayed by :mod:`vllm_probe.advice.plan`,
     #: or the rules' arithmetic unchecked); None until the doctor made it
     plan: Plan | None = None
+    #: the data-parallel rank examined alone (``doctor --rank N``: its own events); None:
+    #: every rank of the run together, each finding naming its rank (``engine``)
+    rank: int | None = None
+    #: the run's data-parallel ranks (the events' ``engine`` values), sorted
+    ranks: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """``doctor --json``: ``{"run_dir", "plan", "findings": [...]}``, and
-        ``"step_time_model"`` when the remedies were replayed."""
+        ``"step_time_model"`` when the remedies were replayed; on a run of several
+        data-parallel ranks ``"ranks"`` (the ranks) and ``"rank"`` (the one examined, or
+        null for all of them together)."""
         out: dict[str, Any] = {"run_dir": self.run_dir,
                                "plan": self.plan.to_dict() if self.plan is not None else None,
                                "findings": [f.to_dict() for f in self.findings]}
         if self.step_time_model is not None:
             out["step_time_model"] = self.step_time_model
+        if len(self.ranks) > 1:
+            out["ranks"] = list(self.ranks)
+            out["rank"] = self.rank
         return out
 
     @property
@@ -132,21 +142,33 @@ def expected_of_meta(meta: dict[str, Any]) -> Expectation | None:
     return Expectation(str(raw.get("source") or "meta.json"), dict(raw["engine"]))
 
 
-def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None = None) -> Report:
-    """Read the run in ``run_dir`` and diagnose it.
+def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None = None,
+            rank: int | None = None) -> Report:
+    """Read the run in ``run_dir`` and diagnose it; ``rank``: data-parallel rank ``rank``
+    alone (its own events, :func:`vllm_probe.analysis.ranks.analyze_rank`), None: every
+    rank together (each finding names its rank).
 
     ``expected``: ``--expect FILE`` (:func:`vllm_probe.settings.load_expected`); without
-    it, what ``meta.json`` recorded. Raises ``NoEventsError`` like ``summary``.
+    it, what ``meta.json`` recorded. Raises ``NoEventsError`` like ``summary``, and
+    ``RankError`` for a rank the run does not hold.
     """
+    from ...runs.ranks import layout
+    from ..ranks import analyze_rank
+
     episodes = Episodes()
     stats = stats if stats is not None else ReadStats()
-    state, _ = analyze(run_dir, stats, listener=episodes, with_summary=False)  # rules read the state only
+    lay = layout(run_dir)
+    if rank is None:
+        state, _ = analyze(run_dir, stats, listener=episodes, with_summary=False)  # rules read the state only
+    else:
+        state, _ = analyze_rank(run_dir, rank, stats, listener=episodes, with_summary=False, lay=lay)
     meta = read_meta(Path(run_dir))
     if expected is None:
         expected = expected_of_meta(meta)
     findings = diagnose(state, episodes, expected)
     return Report(str(run_dir), findings, state, episodes, stats, meta if isinstance(meta, dict) else {},
-                  expected.source if expected is not None else None, all_clear(Context(state, episodes), findings))
+                  expected.source if expected is not None else None, all_clear(Context(state, episodes), findings),
+                  rank=rank, ranks=lay.ids)
 
 
 class LiveDiagnosis:

@@ -50,12 +50,12 @@ class BoundEvidence(Evidence, kw_only=True):
         kv_usage_mean: mean KV cache use in those steps (0..1).
         max_num_seqs: the engine's max_num_seqs.
         inferred_from_queues: the run has no head_blocked_by (an older probe): the limit was inferred from the queues.
-        vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (KV capacity / max_model_len);
-            left out when unknown.
+        vllm_max_concurrency: kv-bound only: vLLM's start-up "Maximum concurrency Nx" (the KV blocks over those one
+            request of max_model_len takes in every KV-cache group, as vLLM prints it); left out when unknown.
         budget_use_median: budget-bound only: the median step's share of the token budget (0..1).
         concurrency_at_run_lengths: kv-bound only: the requests the KV cache holds at once at this run's lengths (usable
-            blocks // the mean blocks at full length, prompt + max_tokens): the "Maximum concurrency" reading that
-            applies to this workload; left out when unknown.
+            blocks // the mean blocks at full length, prompt + max_tokens, over every KV-cache group): the "Maximum
+            concurrency" reading that applies to this workload; left out when unknown.
     """
 
     steps: int

@@ -18,8 +18,8 @@ from __future__ import annotations
 from ..rule import Rule
 from . import (
     budget_bound, chunking_without_benefit, config_not_applied, head_of_line_blocking, held_slots, kv_bound,
-    not_checked, preemption_storm, preemption_thrash, priority_slot_wait, seqs_bound, stall, underloaded,
-    unexplained_wait,
+    max_concurrency, not_checked, preemption_storm, preemption_thrash, priority_slot_wait, seqs_bound, stall,
+    underloaded, unexplained_wait,
 )
 
 #: The rules in report order (and in evaluation order: unexplained-wait reads what the rules
@@ -38,6 +38,7 @@ CATALOGUE: tuple[Rule, ...] = (
     priority_slot_wait.RULE,
     unexplained_wait.RULE,
     underloaded.RULE,
+    max_concurrency.RULE,
     not_checked.RULE,
 )
 

@@ -14,7 +14,7 @@ from ..context import SRC_FULL_ISL, SRC_SGLANG, Context, cdiv
 from ...text import fmt_count, fmt_pct
 from ..findings import WARNING, Finding, Remedy, basis_of
 from ..knobs import KNOB_BLOCKS_UP, KNOB_SEQS_DOWN
-from ..kv import kv_remedy, mean_full_blocks, memory_advice, memory_cost, vllm_concurrency
+from ..kv import kv_remedy, mean_full_blocks, memory_advice, memory_cost, per_block_text, vllm_concurrency
 from ..limits import (
     BOUND_THRESHOLDS, BoundBasis, BoundEvidence, LimitSteps, binding, bound_goal, bound_step, view_bound,
 )
@@ -43,7 +43,7 @@ def evaluate(ctx: Context) -> list[Finding]:
         concurrency = vllm_concurrency(cfg)
         if concurrency is not None:
             evidence.vllm_max_concurrency = round(concurrency, 2)
-            per = mean_full_blocks(ep)
+            per = mean_full_blocks(ep, cfg)
             at_run = int((cfg.num_kv_blocks - 1) // per) if per and cfg.num_kv_blocks else None
             evidence.concurrency_at_run_lengths = at_run
             if agg.running_max > concurrency * 1.5:
@@ -67,7 +67,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
 def _blocks_for_everyone(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) -> Remedy | None:
     """Blocks for every request that was running or waiting at once (up to max_num_seqs)."""
     cfg = eng.config
-    per = mean_full_blocks(ep)
+    per = mean_full_blocks(ep, cfg)
     if not per or not cfg.num_kv_blocks:
         return None
     target = min(cfg.max_num_seqs or 1 << 30, agg.running_max + agg.waiting_max, eng.requests_added or 1 << 30)
@@ -78,7 +78,7 @@ def _blocks_for_everyone(eng: EngineState, ep: EngineEpisodes, agg: LimitSteps) 
     return Remedy(
         "num_kv_blocks", need,
         f"up to {agg.running_max} ran and {agg.waiting_max} waited: {target} requests{every} × {per:.1f} blocks at "
-        f"full length (prompt + max_tokens, {cfg.block_size} tokens per block) + 1 reserved = {fmt_count(need)} "
+        f"full length (prompt + max_tokens, {per_block_text(cfg)}) + 1 reserved = {fmt_count(need)} "
         f"blocks; the KV cache has {fmt_count(cfg.num_kv_blocks)} → num_kv_blocks {fmt_count(need)} "
         f"({memory_advice(cfg, need)})",
         memory_cost(cfg),

@@ -11,7 +11,7 @@ from ..context import SRC_SGLANG, Context
 from ...text import fmt_count, fmt_pct
 from ..findings import WARNING, Finding, Remedy, basis_of
 from ..knobs import KNOB_SEQS_UP
-from ..kv import mean_full_blocks, seqs_cap
+from ..kv import mean_full_blocks, pool_blocks, seqs_cap
 from ..limits import BOUND_THRESHOLDS, BoundBasis, BoundEvidence, binding, bound_goal, bound_step, view_bound
 from ..rule import Rule
 
@@ -34,7 +34,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
     b = basis_of(f, BoundBasis)
     eng, ep, agg = b.eng, b.ep, b.limit
     cfg = eng.config
-    per = mean_full_blocks(ep)
+    per = mean_full_blocks(ep, cfg)
     seqs = cfg.max_num_seqs or 0
     if per and cfg.num_kv_blocks:
         free = (1 - agg.kv_mean) * (cfg.num_kv_blocks - 1)
@@ -57,7 +57,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
             f"while the queue was full, {per:.1f} blocks per request at full length → room for {more} more: "
             f"max_num_seqs {seqs} + {add} = {want}"
             + (f" (at most {cap}: the cache holds {cap} of the largest requests, "
-               f"{ep.full_blocks_max} blocks each, at full length)" if capped else ""),
+               f"{pool_blocks(cfg, ep.full_blocks_max)} blocks each, at full length)" if capped else ""),
             "more requests per step: each decode step takes longer (inter-token latency)", SRC_SGLANG,
             whatif={"max_num_seqs": want})
     want = seqs + agg.waiting_max

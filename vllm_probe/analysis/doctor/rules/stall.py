@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..context import MEASURED, SRC_ASYNC, Context, cdiv, engine_of, engines_of, reasons_text, steps_text
+from ..context import MEASURED, SRC_ASYNC, Context, engine_of, engines_of, reasons_text, steps_text
 from ...text import fmt_count, fmt_count_or
 from ..evidence import Evidence
 from ..findings import CRITICAL, WARNING, EngineBasis, Finding, Remedy, basis_of, evidence_of
 from ..knobs import KNOB_ASYNC_OFF, KNOB_BLOCKS_UP
-from ..kv import memory_advice, memory_cost
+from ..kv import groups_text, memory_advice, memory_cost, request_blocks
 from ..rule import Goal, Rule, Threshold
 from . import held_slots
 
@@ -107,7 +107,7 @@ def evaluate(ctx: Context) -> list[Finding]:
                f"{first.first_step if first else '?'}, longest {fmt_count(longest.steps)} steps from step "
                f"{longest.first_step}): {cause}")
         if cfg is not None and cause_reason == "kv_cache" and head_len and cfg.block_size and cfg.num_kv_blocks:
-            need = cdiv(head_len, cfg.block_size)
+            need = request_blocks(cfg, head_len)  # over every KV-cache group of a hybrid model
             usable = cfg.num_kv_blocks - 1
             if need > usable:
                 msg += (f"; the head {head} needs {need} blocks for its {fmt_count(head_len)}-token prompt and the KV "
@@ -141,9 +141,11 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
                       "without async scheduling the next step is not prepared while the GPU runs this one",
                       SRC_ASYNC)
     head, head_len, need, usable, block = b.head, b.head_prompt_len or 0, b.need, b.usable, b.block_size
+    groups = groups_text(b.eng.config)
+    blocks = (f"{need} blocks over its {groups}" if groups else f"⌈{fmt_count(head_len)} / {block}⌉ = {need} blocks")
     return Remedy(
         "num_kv_blocks", need + 1,
-        f"{head}'s prompt: ⌈{fmt_count(head_len)} / {block}⌉ = {need} blocks + 1 reserved → "
+        f"{head}'s prompt: {blocks} + 1 reserved → "
         f"num_kv_blocks ≥ {need + 1} ({memory_advice(b.eng.config, need + 1)}); or max_model_len ≤ "
         f"{fmt_count(usable * block)} so that vLLM rejects such prompts at once", memory_cost(b.eng.config),
         "vLLM issue #39734: a request that fits max_model_len but never the KV cache stalls the queue",
