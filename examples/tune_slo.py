@@ -3,7 +3,7 @@
     python examples/tune_slo.py [--target 0.5] [--out /tmp/tune_slo] [--jobs 2]
 
 1. records ``examples/timed_arrivals.py`` (96 requests at 32/s: arrivals faster than the
-   engine serves them on any machine here, design.md §7) at one setting (budget 512,
+   engine serves them on any 2-core machine measured) at one setting (budget 512,
    64 KV blocks) under the probe;
 2. searches ``max_num_batched_tokens`` and ``num_kv_blocks`` with ``vllm-probe tune``'s
    search (:func:`vllm_probe.advice.tune.tune`) for TTFT p90 at most ``--target`` times
@@ -11,7 +11,7 @@
 3. runs the recommendation for real (the same requests at the same offsets: the plan
    depends only on the seed) and prints predicted against measured.
 
-The seconds depend on the machine's load (design.md §7: its speed varies 3× between
+The seconds depend on the machine's load (a shared 2-core machine's speed varied 3× between
 runs): the load average is printed beside the figures; steps and preemptions do not move
 with it.
 """

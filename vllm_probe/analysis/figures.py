@@ -81,8 +81,8 @@ def bound_by(scheduled: int, budget: int | None, running: int, waiting: int, pre
 def chunk_reread_tokens(chunk_index: int, start: int) -> int:
     """KV tokens a prefill chunk reads again because its prompt was chunked (tokens).
 
-    Seed notes §3.4: from the second chunk of a pass on, attention reads the KV of every
-    earlier position of the pass. Chunk ``k >= 1`` with positions ``[start, end)`` reads
+    Chunked prefill's cost: from the second chunk of a pass on, attention reads the KV of
+    every earlier position of the pass. Chunk ``k >= 1`` with positions ``[start, end)`` reads
     the ``start`` entries computed before it; a single-shot prefill of the same pass
     reads only the prefix-cache hits of its first chunk, which the chunked pass reads
     too. So the sum over a run is exactly the extra KV reading chunking caused (a

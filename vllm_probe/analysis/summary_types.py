@@ -170,7 +170,7 @@ class Queues:
 
 @dataclass
 class Chunking:
-    """Prefill chunking and its §3.4 cost (see the module docstring)."""
+    """Prefill chunking and its cost in KV re-reads (see the module docstring)."""
 
     prompts: int = 0  # prompts whose prefill completed
     chunked_prompts: int = 0  # of those, prefilled in more than one chunk

@@ -216,7 +216,7 @@ def _steps_and_preemptions(s: Summary) -> tuple[Table, Table]:
          + (f" of {count(p.steps_with_preemptions)}" if p.steps_with_preemptions else "")),
         ("prompts chunked", f"{count(ch.chunked_prompts)} of {count(ch.prompts)}"),
         ("chunks/prompt mean·max", f"{figure(ch.chunks_per_prompt.mean)} · {figure(ch.chunks_per_prompt.max)}"),
-        ("KV re-read (§3.4)", f"{count(ch.reread_kv_tokens)} tokens"
+        ("KV re-read", f"{count(ch.reread_kv_tokens)} tokens"
          + (f" ({ch.reread_per_prefill_token:.2f}×)" if ch.reread_per_prefill_token is not None else "")),
     ])
     return steps, pre

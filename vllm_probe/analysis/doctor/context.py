@@ -19,8 +19,8 @@ from ..text import fmt_pct
 SRC_VLLM_PREEMPTION = "vLLM tuning guide, Preemption (docs/configuration/optimization.md)"
 SRC_VLLM_CHUNKED = "vLLM tuning guide, Chunked Prefill (docs/configuration/optimization.md)"
 SRC_SGLANG = "SGLang hyperparameter tuning guide (#queue-req, token usage)"
-SRC_SEED_34 = "chunked prefill: each later chunk's attention re-reads the KV of the earlier ones"
-SRC_SEED_5 = "vLLM's engine arguments: command-line flags win over config files"
+SRC_CHUNK_REREAD = "chunked prefill: each later chunk's attention re-reads the KV of the earlier ones"
+SRC_FLAGS_WIN = "vLLM's engine arguments: command-line flags win over config files"
 SRC_FULL_ISL = "vLLM 0.19+ scheduler_reserve_full_isl (vllm/v1/core/sched/scheduler.py)"
 SRC_ASYNC = ("vLLM AsyncScheduler: a finished request's slot frees one step later "
              "(vllm/v1/core/sched/async_scheduler.py)")

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from ..context import (
-    MEASURED, SRC_SEED_34, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, first_of, round_up, steps_text, wrote,
+    MEASURED, SRC_CHUNK_REREAD, SRC_VLLM_CHUNKED, Context, engine_of, engines_of, first_of, round_up, steps_text, wrote,
 )
 from ...text import fmt_count, fmt_count_or, fmt_pct
 from ..evidence import Evidence
@@ -100,7 +100,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
                  "the one value that does what this rule is about)")
     return Remedy("max_num_batched_tokens", want, text,
                   "when requests do decode alongside, a larger budget makes their steps longer (inter-token latency)",
-                  SRC_SEED_34 + "; " + SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
+                  SRC_CHUNK_REREAD + "; " + SRC_VLLM_CHUNKED, whatif={"max_num_batched_tokens": want})
 
 
 def goal(f: Finding) -> Goal:

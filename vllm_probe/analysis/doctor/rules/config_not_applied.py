@@ -14,7 +14,7 @@ import msgspec
 
 from ....schema.engine_settings import ENGINE_SETTINGS
 from ...expected import DIFFERS, NOT_RECORDED, NOT_V1, UNKNOWN
-from ..context import SRC_SEED_5, Context
+from ..context import SRC_FLAGS_WIN, Context
 from ...text import fmt_count, fmt_figure
 from ..evidence import Evidence
 from ..findings import WARNING, Basis, Finding, Remedy, basis_of, evidence_of
@@ -149,7 +149,7 @@ def arithmetic(ctx: Context, f: Finding) -> Remedy | None:
                   + " on the command line (or in the engine arguments the server reads)"
                   + (f"; in {src}, spell " + ", ".join(f"{good} (not {bad})" for good, bad in misspelt)
                      if misspelt else ""),
-                  "none: the run then has the settings the file meant", SRC_SEED_5, whatif=whatif)
+                  "none: the run then has the settings the file meant", SRC_FLAGS_WIN, whatif=whatif)
 
 
 #: vLLM engine argument -> ``vllm-probe whatif --set`` name (the settings vocabulary's replayable entries).
