@@ -157,8 +157,8 @@ def run_pytest(tree: Path, hub: Path, probe: bool, work: Path, src: Path | None,
     for p in (junit, rows):
         p.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLMPROBE_")}
-    # the plugin alone on the path: this project's tests/ holds packages named like the
-    # standard library's (tests/html shadows `html`, which networkx imports under torch)
+    # the plugin alone on the path: vLLM's own test tree, not this project's tests/, is the one
+    # under test (tests/test_layout.py keeps ours free of packages named like the standard library's)
     plugin_dir = work / "plugin"
     plugin_dir.mkdir(exist_ok=True)
     (plugin_dir / "_peer_plugin.py").write_bytes((ROOT / "tests" / "_peer_plugin.py").read_bytes())

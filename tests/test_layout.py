@@ -269,3 +269,13 @@ def test_the_size_check_sees_a_long_function(tmp_path):
     (tmp_path / "m.py").write_text(f"def f():\n{body}\n    return 0\n\nROWS = (\n" + "    1,\n" * 700 + ")\n")
     lines, funcs = sizes(tmp_path / "m.py")
     assert funcs == [("m.py:1 f", FUNCTION_LINES_MAX + 2)] and lines < MODULE_LINES_MAX
+
+
+def test_no_test_package_shadows_the_standard_library():
+    """A script run from tests/ (``python tests/_fleet_replica.py``) has tests/ first on its
+    path: a package there named like a standard-library module (``tests/html``) shadows it,
+    and torch's import of networkx, which imports ``html.entities``, fails inside vLLM."""
+    tests = Path(__file__).resolve().parent
+    shadows = sorted(p.name for p in tests.iterdir()
+                     if p.is_dir() and (p / "__init__.py").exists() and p.name in sys.stdlib_module_names)
+    assert shadows == []

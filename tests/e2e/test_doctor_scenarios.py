@@ -116,10 +116,11 @@ def test_seed_burst_gives_its_kv_cache_findings(scenario):
     assert "kv-bound" in found
     f = found["preemption-storm"]
     assert f["evidence"]["preemptions"] == len(_events(run_dir, "preempt")) >= 2
-    # fewer running requests lead (more blocks let admission take more requests, design.md §7); more blocks follow
+    # fewer running requests lead (more blocks let admission take more requests, which outgrow the
+    # larger cache in turn); more blocks follow, named by whatif's setting with vLLM's argument beside it
     assert f["remedy"]["setting"] == "max_num_seqs" and f["remedy"]["value"] < 64
     alt = f["remedy"]["alternatives"][0]
-    assert alt["setting"] == "num_gpu_blocks_override" and alt["value"] > 64
+    assert (alt["setting"], alt["engine_arg"]) == ("num_kv_blocks", "num_gpu_blocks_override") and alt["value"] > 64
 
 
 def test_silent_recompute_gives_preemption_storm(scenario):

@@ -36,7 +36,9 @@ def test_offline_run_writes_every_event_kind(quick_run):
     assert kinds["preempt"] >= 1 and kinds["chunk"] >= 8 * 3  # 600-token prompts, budget 256
     last = as_dict(list(iter_file(files[0], ReadStats()))[-1])
     assert last["event"] == "probe_stats" and last["events_dropped"] == 0
-    assert last["events_written"] == len(evs) - 1
+    # on the stop signal the sink writes probe_stats after the events, then again with the
+    # end's speed mark (a SIGKILL may follow): the last one counts every event line
+    assert last["events_written"] == len(evs) - kinds["probe_stats"] and last.get("speed_mark_us")
     cfg = next(e for e in evs if e["event"] == "engine_config")
     assert (cfg["max_num_batched_tokens"], cfg["num_kv_blocks"], cfg["block_size"]) == (256, 20, 128)
     assert cfg["kv_capacity_tokens"] == 19 * 128 and cfg["max_model_len"] == 1024
@@ -90,7 +92,7 @@ def test_each_flag_off_means_no_such_events(probe_run, tmp_path_factory):
         "log_chunk_boundaries": False, "log_request_events": False}}))
     run_dir = probe_run(*SMALL_WORKLOAD, settings=str(settings))
     kinds = Counter(e["event"] for e in events_of(run_dir))
-    assert kinds == Counter({"engine_config": 1, "probe_stats": 1})
+    assert kinds.pop("probe_stats") >= 1 and kinds == Counter({"engine_config": 1})
 
 
 def test_probe_not_enabled_patches_nothing(unprobed_quick_run):
