@@ -254,6 +254,7 @@ def measure_ratios(run_dir: Path, rounds: int) -> dict:
     ``summary`` and ``doctor`` on ``run_dir``, the ratios to the decode, the load."""
     import gc
 
+    from vllm_probe.analysis import reading
     from vllm_probe.analysis.doctor import examine
     from vllm_probe.analysis.summary import analyze_story
 
@@ -263,6 +264,7 @@ def measure_ratios(run_dir: Path, rounds: int) -> dict:
     loads = [os.getloadavg()[0]]
     for _ in range(rounds):
         for name, task in tasks.items():
+            reading.clear()  # each command reads the files itself, not the previous one's memo
             gc.collect()
             t = time.process_time()
             task()

@@ -93,6 +93,7 @@ def size_of(path: Path) -> int:
 
 
 def long_run(run: Path, work: Path, repeat: int) -> dict:
+    from vllm_probe.analysis import reading
     from vllm_probe.analysis.report import read_run
     from vllm_probe.analysis.summary import analyze_story
     from vllm_probe.exporters.parquet import export_parquet
@@ -102,6 +103,7 @@ def long_run(run: Path, work: Path, repeat: int) -> dict:
     page, tables = work / "report.html", work / "parquet"
 
     def summary():
+        reading.clear()  # a read of the files each time, as one summary command does
         _, s = analyze_story(run)
         return json.dumps(s.to_dict())
 

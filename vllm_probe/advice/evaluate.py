@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.objectives import OBJECTIVES, from_rows, measure, request_rows
+from ..analysis.reading import read
+from ..runs.rundir import NoEventsError
 
 
 class EvaluateError(Exception):
@@ -219,6 +221,10 @@ class Evaluator:
         self.out = Path(out)
         self.keep = keep if keep is not None else self._tmp is None
         self._ray: Any = None
+        try:  # one pass over the recording: its workload, its summary and the rows its figures need
+            read(self.run_dir, "summary", "rows", "workload")
+        except NoEventsError:
+            pass  # prepare() says why the replay cannot take it
         try:  # the arrivals whatif replays by default: a detected closed-loop client replays per finish
             self.plan = prepare(self.run_dir, profile=profile, force=force)
         except Refused as e:
@@ -240,11 +246,19 @@ class Evaluator:
         except SettingError:
             pass  # the baseline's replay reports it
         self.replays = 0
-        self.recorded_figures = measure(self.run_dir, ALL_FIGURES, summary=self.recorded)
-        self.recorded_subset = (measure(self.run_dir, SUBSET_FIGURES, summary=self.recorded, requests=self.requests)
-                                if self.requests else {})
+        # kept for the whole search: the goals' subsets are measured on it after many replays were read
+        self.recorded_rows = request_rows(self.run_dir)
+        self.recorded_figures = self.recorded_measure(ALL_FIGURES)
+        self.recorded_subset = self.recorded_measure(SUBSET_FIGURES, self.requests) if self.requests else {}
         if not lazy:
             _ = self.error
+
+    def recorded_measure(self, names: Iterable[str], requests: Iterable[str] = ()) -> dict[str, float | None]:
+        """The figures ``names`` of the recording (over ``requests`` when given): its
+        summary and the per-request rows this evaluator holds, nothing read again
+        (:func:`vllm_probe.analysis.objectives.measure`)."""
+        return measure(self.run_dir, names, summary=self.recorded, requests=tuple(requests) or None,
+                       rows=self.recorded_rows)
 
     @functools.cached_property
     def baseline(self) -> Evaluation:

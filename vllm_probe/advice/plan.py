@@ -38,7 +38,7 @@ from ..analysis.doctor.findings import CRITICAL, WARNING, Finding
 from ..analysis.doctor.kv import memory_advice
 from ..analysis.doctor.plan import Plan, PlanFigure
 from ..analysis.doctor.rule import Goal
-from ..analysis.objectives import measure, objective
+from ..analysis.objectives import objective
 from ..schema.engine_settings import BY_NAME, engine_arg_of, serve_flags
 from .descent import descend
 from .evaluate import EvaluateError, Evaluation, Evaluator
@@ -295,7 +295,7 @@ def _recorded(evaluator: Evaluator) -> dict[str, Any]:
 def _recorded_figure(scope: Evaluator, g: Goal) -> float | None:
     if not g.requests:
         return scope.recorded_figures.get(g.figure)
-    return measure(scope.run_dir, [g.figure], summary=scope.recorded, requests=g.requests)[g.figure]
+    return scope.recorded_measure([g.figure], g.requests)[g.figure]
 
 
 def _front(points: list[tuple[dict[str, Any], Evaluation]], goals: list[GoalCheck], base: Evaluation,
@@ -360,7 +360,7 @@ def _plan(p: dict[str, Any], ev: Evaluation, goals: list[GoalCheck], base: Evalu
     for g in goals:
         for label, ids in g.goal.watch:
             key = f"{g.goal.figure} ({label})"
-            rec = measure(scope.run_dir, [g.goal.figure], summary=scope.recorded, requests=ids)[g.goal.figure]
+            rec = scope.recorded_measure([g.goal.figure], ids)[g.goal.figure]
             predicted[key] = _figure(g.goal.figure, rec, base.figure(g.goal.figure, ids), ev.figure(g.goal.figure, ids),
                                      scope.intervals(ev, ids).get(g.goal.figure),
                                      scope.intervals(base, ids).get(g.goal.figure))

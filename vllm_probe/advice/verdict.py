@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.doctor.findings import (
     BaselineError, FigureChange, Finding, GoalRecord, Prediction, Remedy,
 )
-from ..analysis.objectives import measure, objective
+from ..analysis.objectives import objective
 from .evaluate import Evaluation, Evaluator, raise_failed
 from .goals import figure_of, goal_dict, goal_label, goal_text, reference
 
@@ -49,7 +49,7 @@ def references(s: Search, evaluator: Evaluator) -> tuple[float | None, float | N
     if key not in s.references:
         g = s.goal
         if g.requests:
-            rec = measure(evaluator.run_dir, [g.figure], summary=evaluator.recorded, requests=g.requests)[g.figure]
+            rec = evaluator.recorded_measure([g.figure], g.requests)[g.figure]
             same = g.requests == evaluator.requests
             base = evaluator.baseline if same else raise_failed(evaluator.evaluate([{}], requests=g.requests)[0])
         else:
@@ -95,7 +95,7 @@ def prediction(s: Search, t: Tried, evaluator: Evaluator) -> dict[str, Any]:
         b, p = base_w.figure(name, ids), ev.figure(name, ids)
         iv, biv = on.intervals(ev, ids).get(name), on.intervals(base_w, ids).get(name)
         trade[f"{name} ({label})"] = {
-            "recorded": measure(on.run_dir, [name], summary=on.recorded, requests=ids)[name], "baseline": b,
+            "recorded": on.recorded_measure([name], ids)[name], "baseline": b,
             "predicted": p, "unit": objective(name).unit, "direction": direction(name, b, p, biv, iv),
             "interval": iv.to_dict() if iv is not None else None}
     out = {"goal": goal_dict(s.goal), "figure": s.goal.figure, "unit": o.unit, "recorded": recorded_value,

@@ -12,24 +12,20 @@ computes a figure the analysis has: quantiles of per-request rows use
 :func:`vllm_probe.analysis.figures.quantile`, the summary's own method (linear
 interpolation between order statistics).
 
-:func:`measure` reads a recorded or replayed run directory (or takes its summary); it
-reads the events a second time only for per-request figures.
+:func:`measure` reads a recorded or replayed run directory (or takes its summary and
+rows) through the command's one pass over it (:mod:`vllm_probe.analysis.reading`).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..runs.reader import ReadStats, iter_file
-from ..runs.rundir import event_files
 from .catalogue import CATALOGUE, Figure
 from .figures import quantile
 from .requests import RequestState
-from .state import RunState
-from .summary import summarize
+from .reading import read
 from .summary_types import Summary
 
 
@@ -77,13 +73,16 @@ def from_summary(summary: Summary | dict[str, Any], name: str) -> float | None:
 
 
 def request_rows(run_dir: str | Path) -> list[RequestState]:
-    """Every finished request's :class:`RequestState` of the run (one pass over its events)."""
-    rows: list[RequestState] = []
-    state = RunState(step_window=0, on_request_finished=rows.append)
-    stats = ReadStats()
-    for ev in itertools.chain.from_iterable(iter_file(p, stats) for p in event_files(Path(run_dir))):
-        state.apply(ev)
-    return rows
+    """Every finished request's :class:`RequestState` of the run, in finishing order, from
+    the command's one pass over its events (:func:`vllm_probe.analysis.reading.read`: the
+    rows are shared, to be read, not changed).
+
+    Raises:
+        NoEventsError: no event file, or no readable event in them.
+    """
+    rows = read(run_dir, "rows").rows
+    assert rows is not None  # asked for
+    return list(rows)
 
 
 def from_rows(rows: Iterable[RequestState], name: str, requests: Iterable[str] | None = None) -> float | None:
@@ -100,10 +99,12 @@ def from_rows(rows: Iterable[RequestState], name: str, requests: Iterable[str] |
 
 
 def measure(run_dir: str | Path | None, names: Iterable[str], summary: Summary | dict[str, Any] | None = None,
-            requests: Iterable[str] | None = None) -> dict[str, float | None]:
-    """The figures ``names`` of a run: from ``summary`` (default: summarized from
-    ``run_dir``), and from the per-request rows (read from ``run_dir``) for the figures the
-    summary lacks or when ``requests`` names a subset.
+            requests: Iterable[str] | None = None, rows: Sequence[RequestState] | None = None,
+            ) -> dict[str, float | None]:
+    """The figures ``names`` of a run: from ``summary`` (default: the run's, from the
+    command's one pass over ``run_dir``), and from the per-request rows (``rows``, default
+    :func:`request_rows` of ``run_dir``) for the figures the summary lacks or when
+    ``requests`` names a subset.
 
     Raises:
         ObjectiveError: an unknown name, or a run-wide figure asked over a subset.
@@ -112,7 +113,6 @@ def measure(run_dir: str | Path | None, names: Iterable[str], summary: Summary |
     names = list(names)
     subset = tuple(requests or ())
     out: dict[str, float | None] = {}
-    rows: list[RequestState] | None = None
     for name in names:
         o = objective(name)
         if subset or (o.summary_path is None and o.request_field is not None):
@@ -127,7 +127,10 @@ def measure(run_dir: str | Path | None, names: Iterable[str], summary: Summary |
         if summary is None:
             if run_dir is None:
                 raise ObjectiveError(f"{name} needs the run's summary")
-            summary = summarize(run_dir)
+            per_request = rows is None and any(subset or (objective(n).summary_path is None
+                                                          and objective(n).request_field is not None) for n in names)
+            parts = ("summary", "rows") if per_request else ("summary",)  # the rows too if a name needs them
+            summary = read(run_dir, *parts).summary()
         out[name] = from_summary(summary, name)
     return out
 

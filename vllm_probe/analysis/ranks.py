@@ -26,7 +26,7 @@ from ..runs.rundir import NoEventsError, read_meta
 from .figures import share
 from .recompute import RecomputeCheck, RecomputeListener
 from .state import Listeners, RunState, StateListener
-from .summary import analyze, analyze_events
+from .summary import analyze_events
 from .summary_types import Summary
 
 
@@ -73,12 +73,14 @@ def story(run_dir: str | Path, rank: int | None = None, stats: ReadStats | None 
     from .episodes import Episodes
     from .moments import notable_moments
 
+    if rank is None:  # the command's one pass over the run (analysis/reading.py)
+        from .reading import read
+
+        reading = read(run_dir, "summary", "recompute")
+        return reading.state, reading.summary(stats, boundaries, moments=True), reading.recompute_check()
     episodes, recompute = Episodes(), RecomputeListener()
-    listener = Listeners(episodes, recompute)
-    if rank is None:
-        state, summary = analyze(run_dir, stats, listener=listener, boundaries=boundaries)
-    else:
-        state, summary = analyze_rank(run_dir, rank, stats, listener=listener, boundaries=boundaries, lay=lay)
+    state, summary = analyze_rank(run_dir, rank, stats, listener=Listeners(episodes, recompute),
+                                  boundaries=boundaries, lay=lay)
     assert summary is not None
     summary.moments = [asdict(m) for m in notable_moments(state, episodes)]
     return state, summary, RecomputeCheck.of(recompute)

@@ -42,13 +42,14 @@ from .summary_types import (
 # -- the computation ----------------------------------------------------------------------
 
 
-#: One finished request's latencies and sizes, in the order of :attr:`_Finished.FIELDS`.
+#: One finished request's latencies and sizes, in the order of :attr:`FinishedRequests.FIELDS`.
 _Row = tuple[Any, ...]
 
 
-class _Finished:
+class FinishedRequests:
     """Per finished request: its latencies and token counts (the state keeps only the
-    latest finished requests; the summary needs all of them)."""
+    latest finished requests; the summary needs all of them). The state's
+    ``on_request_finished``; :func:`build_summary` reads it."""
 
     #: what each finished request's tuple in ``latencies`` holds
     FIELDS = ("queue_s", "ttft_s", "ttft_steps", "decode_s", "itl_s", "e2e_s", "prompt_len", "priority")
@@ -102,9 +103,19 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     per event and creates no reference cycles, and the collector's passes over the
     growing request records cost about a tenth of the time.
     """
-    finished = _Finished() if with_summary else None
+    finished = FinishedRequests() if with_summary else None
     state = RunState(step_window=0, on_request_finished=finished, listener=listener,
                      buckets=False)  # no rolling chart, no bucketed schedule times here
+    apply_events(state, events, batched)
+    if finished is None:
+        return state, None
+    return state, build_summary(state, finished, stats or ReadStats(), run_dir, meta or {}, boundaries)
+
+
+def apply_events(state: RunState, events: Iterable[Any], batched: bool = False) -> RunState:
+    """``state`` with ``events`` applied in order (records; lists of records when
+    ``batched``, :meth:`RunState.apply_batch`), the cyclic garbage collector paused
+    meanwhile (see :func:`analyze_events`). The one loop of every whole-run reading."""
     apply = state.apply
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -119,10 +130,16 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     finally:
         if gc_was_enabled:
             gc.enable()
-    if finished is None:
-        return state, None
-    return state, _build(state, finished, stats or ReadStats(), run_dir, meta or {},
-                         None if boundaries is None else sorted(set(boundaries)))
+    return state
+
+
+def build_summary(state: RunState, finished: FinishedRequests, stats: ReadStats, run_dir: str,
+                  meta: dict[str, Any], boundaries: Iterable[int] | None = None) -> Summary:
+    """The :class:`Summary` of a state read to its end, ``finished`` its
+    ``on_request_finished``; ``stats`` what the reading read, ``run_dir`` as the summary
+    names it, ``meta`` the run's ``meta.json``, ``boundaries`` as in :func:`analyze_events`.
+    Reads ``state`` and ``finished`` only, so one state gives any number of summaries."""
+    return _build(state, finished, stats, run_dir, meta, None if boundaries is None else sorted(set(boundaries)))
 
 
 def summarize_events(events: Iterable[Any], stats: ReadStats | None = None, run_dir: str = "",
@@ -161,15 +178,13 @@ def analyze_story(run_dir: str | Path, stats: ReadStats | None = None,
                   boundaries: Iterable[int] | None = None) -> tuple[RunState, Summary]:
     """:func:`analyze` with the doctor's episodes following the state, and the summary's
     ``moments`` filled (``vllm-probe summary``: the whole-run overview is drawn from the
-    state's timelines). Raises like :func:`analyze`."""
-    from .episodes import Episodes
-    from .moments import notable_moments
+    state's timelines). Read once per command (:func:`vllm_probe.analysis.reading.read`):
+    the state is shared with the command's other readers, to be read, not changed.
+    Raises like :func:`analyze`."""
+    from .reading import read
 
-    episodes = Episodes()
-    state, summary = analyze(run_dir, stats, listener=episodes, boundaries=boundaries)
-    assert summary is not None
-    summary.moments = [asdict(m) for m in notable_moments(state, episodes)]
-    return state, summary
+    reading = read(run_dir, "summary")  # the command's one pass over the run (analysis/reading.py)
+    return reading.state, reading.summary(stats, boundaries, moments=True)
 
 
 def summarize(run_dir: str | Path, stats: ReadStats | None = None, boundaries: Iterable[int] | None = None) -> Summary:
@@ -190,7 +205,7 @@ def _config_of(rec: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta: dict[str, Any],
+def _build(state: RunState, fin: FinishedRequests, stats: ReadStats, run_dir: str, meta: dict[str, Any],
            boundaries: list[int] | None) -> Summary:
     s = Summary(run_dir=run_dir, command=meta.get("command"), exit_code=meta.get("exit_code"))
     s.read = {"events": stats.events, "malformed": stats.malformed, "partial": stats.partial,
@@ -211,7 +226,7 @@ def _build(state: RunState, fin: _Finished, stats: ReadStats, run_dir: str, meta
     return s
 
 
-def _run(s: Summary, state: RunState, fin: _Finished) -> None:
+def _run(s: Summary, state: RunState, fin: FinishedRequests) -> None:
     """Engine cores, their configuration, steps, requests, tokens and throughput."""
     engines = state.engines
     s.engines = len(engines)
@@ -262,7 +277,7 @@ def _steps(s: Summary, state: RunState) -> None:
                       Distribution.of_counts(_merged(w for _, w in lengths)))
 
 
-def _preemptions(s: Summary, state: RunState, fin: _Finished) -> None:
+def _preemptions(s: Summary, state: RunState, fin: FinishedRequests) -> None:
     """Preemptions, their recompute, the worst request and the preemptions per step."""
     engines = state.engines
     p = s.preemptions
@@ -316,11 +331,11 @@ def _chunking_and_prefix_cache(s: Summary, state: RunState) -> None:
     pc.resumed_hit_share = share(pc.resumed_hit_tokens, pc.resumed_prefill_tokens)
 
 
-def _latency(s: Summary, state: RunState, fin: _Finished, boundaries: list[int] | None) -> None:
+def _latency(s: Summary, state: RunState, fin: FinishedRequests, boundaries: list[int] | None) -> None:
     """Latencies of the finished requests, pooled, by prompt-length class and by priority."""
     engines = state.engines
     lat = fin.latencies
-    col = {name: i for i, name in enumerate(_Finished.FIELDS)}
+    col = {name: i for i, name in enumerate(FinishedRequests.FIELDS)}
     s.latency = Latency(**{name: Distribution.of(r[col[name]] for r in lat)
                            for name in ("queue_s", "ttft_s", "ttft_steps", "decode_s", "itl_s", "e2e_s")})
     s.latency_classes = _prompt_classes(lat, col, boundaries, s.config.get("max_num_batched_tokens"))

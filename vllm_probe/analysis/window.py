@@ -92,12 +92,17 @@ def retention_note(state: Any) -> str | None:
 def retention_note_of(run_dir: Any) -> str | None:
     """:func:`retention_note` of a run directory, reading only the head of each engine
     core's stream that retention cut (its ``engine_config`` copy up to its first step):
-    what ``export`` and ``whatif`` say without reading the whole run. Never raises (an
-    unreadable run: None)."""
+    what ``export`` and ``whatif`` say without reading the whole run; the state of the
+    command's pass over the run when it has one (:func:`vllm_probe.analysis.reading.cached`:
+    nothing read again). Never raises (an unreadable run: None)."""
     from ..runs.reader import ReadStats, iter_stream
     from ..runs.rundir import event_streams
+    from .reading import cached
     from .state import RunState
 
+    reading = cached(run_dir)
+    if reading is not None:
+        return retention_note(reading.state)
     state = RunState(step_window=0)
     try:
         for stream in event_streams(run_dir):

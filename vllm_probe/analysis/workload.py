@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from ..runs.reader import ReadStats
 from ..runs.rundir import event_streams
 from ..schema.events import ENGINE_CONFIG
+from .requests import RequestState
 from .state import RunState
 
 
@@ -211,17 +212,29 @@ class Workload:
 def load_workload(run_dir: str | Path, stats: ReadStats | None = None, rank: int | None = None) -> Workload:
     """The workload of the run in ``run_dir`` (see the module docstring): of data-parallel
     rank ``rank`` (its own records, :func:`~vllm_probe.runs.ranks.rank_records`); None: the
-    run's one rank.
+    run's one rank. A run of one event stream is read by the command's one pass
+    (:func:`vllm_probe.analysis.reading.read`), which gathers the workload beside the
+    state; each call returns its own copy (the replay's arrivals change it).
 
     Raises:
         WorkloadError: no event file; several ranks and ``rank`` None; no such rank; a rank
             written by several engine cores; or what :func:`workload_of` raises.
     """
     from ..runs.ranks import RankError, layout, rank_records
+    from ..runs.rundir import NoEventsError
 
-    if not event_streams(Path(run_dir)):
+    all_streams = event_streams(Path(run_dir))
+    if not all_streams:
         raise WorkloadError(f"no event files (events-*.jsonl) in {run_dir}")
-    lay = layout(run_dir)
+    reading = None
+    if len(all_streams) == 1:
+        from .reading import read
+
+        try:
+            reading = read(run_dir, "workload")
+        except NoEventsError:
+            raise WorkloadError(f"no readable event in the event files of {run_dir}") from None
+    lay = reading.layout if reading is not None else layout(run_dir)
     if not lay.ranks:
         raise WorkloadError(f"no readable event in the event files of {run_dir}")
     if rank is None:
@@ -238,6 +251,10 @@ def load_workload(run_dir: str | Path, stats: ReadStats | None = None, rank: int
         why = lay.clash_note() if rank in lay.clashes else "an engine core restarted"
         raise WorkloadError(f"{run_dir}: data-parallel rank {rank} has {len(streams)} engine-core files ({why}); "
                             "a replay takes one engine core's")
+    if reading is not None:  # the stream's own rank: the pass gathered it
+        if stats is not None:
+            stats.add(reading.stats)
+        return reading.workload_copy()
     return workload_of(rank_records(streams[0], rank, stats or ReadStats()), str(run_dir))
 
 
@@ -247,44 +264,61 @@ def workload_of(records: Iterable[Any], source: str = "") -> Workload:
     Raises:
         WorkloadError: no ``engine_config``; no request or step events (the flag is named).
     """
-    config: dict[str, Any] | None = None
-    reqs: dict[str, WorkloadRequest] = {}
-    steps: list[StepRow] = []
-    chunks: list[ChunkRow] = []
-    preempts: list[PreemptRow] = []
-    last_step = -1
-    chunk_seen = False
     state = RunState(step_window=0)  # the lifecycle model, for unfinished requests
+    builder = WorkloadBuilder()
+    add = builder.add
     for rec in records:
         state.apply(rec)
+        add(rec)
+    return builder.workload(source, [r for eng in state.engines.values() for r in eng.requests.values()])
+
+
+class WorkloadBuilder:
+    """A workload gathered record by record (:meth:`add`, one engine core's records in
+    file order), then built (:meth:`workload`): :func:`workload_of`, and the one pass
+    of :mod:`vllm_probe.analysis.reading` that feeds these records to the state too.
+    Memory: a row per step, chunk and preemption, a request per ``request_added``."""
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] | None = None
+        self.reqs: dict[str, WorkloadRequest] = {}
+        self.steps: list[StepRow] = []
+        self.chunks: list[ChunkRow] = []
+        self.preempts: list[PreemptRow] = []
+        self.last_step = -1
+        self.chunk_seen = False
+
+    def add(self, rec: Any) -> None:
+        """Take one record (the next of the engine core's, in file order)."""
         kind = rec.kind
+        reqs = self.reqs
         if kind == "step":
-            last_step = max(last_step, rec.step)
-            steps.append(StepRow(rec.step, rec.ts - (rec.schedule_us or 0.0) * 1e-6, rec.ts,
-                                 rec.schedule_us or 0.0, rec.scheduled_tokens or 0, rec.decode_reqs))
+            self.last_step = max(self.last_step, rec.step)
+            self.steps.append(StepRow(rec.step, rec.ts - (rec.schedule_us or 0.0) * 1e-6, rec.ts,
+                                      rec.schedule_us or 0.0, rec.scheduled_tokens or 0, rec.decode_reqs))
         elif kind == "chunk":
-            chunk_seen = True
-            last_step = max(last_step, rec.step)
+            self.chunk_seen = True
+            self.last_step = max(self.last_step, rec.step)
             r = reqs.get(rec.req_id)
             if r is not None:
-                chunks.append(ChunkRow(rec.step, r.order, rec.chunk_index, rec.start, rec.end,
-                                       bool(rec.last), bool(rec.resumed)))
+                self.chunks.append(ChunkRow(rec.step, r.order, rec.chunk_index, rec.start, rec.end,
+                                            bool(rec.last), bool(rec.resumed)))
         elif kind == "preempt":
-            last_step = max(last_step, rec.step)
+            self.last_step = max(self.last_step, rec.step)
             r = reqs.get(rec.req_id)
             if r is not None and (rec.reason or "kv_cache") == "kv_cache":
-                preempts.append(PreemptRow(rec.step, r.order, rec.discarded_tokens or 0))
+                self.preempts.append(PreemptRow(rec.step, r.order, rec.discarded_tokens or 0))
         elif kind == "request_added":
             if rec.req_id in reqs:
-                continue  # a streaming-input session re-adds its id: not a new request
+                return  # a streaming-input session re-adds its id: not a new request
             reqs[rec.req_id] = WorkloadRequest(
                 order=len(reqs), req_id=rec.req_id, prompt_len=rec.prompt_len or 0,
                 max_tokens=rec.max_tokens, output_tokens=0, priority=rec.priority or 0,
-                arrival_ts=rec.arrival_ts, added_ts=rec.ts, add_before_step=last_step + 1,
+                arrival_ts=rec.arrival_ts, added_ts=rec.ts, add_before_step=self.last_step + 1,
                 block_digests=list(rec.block_digests) if rec.block_digests else None,
             )
         elif kind == "request_finished":
-            last_step = max(last_step, rec.step)
+            self.last_step = max(self.last_step, rec.step)
             r = reqs.get(rec.req_id)
             if r is not None:
                 r.output_tokens = rec.output_tokens or 0
@@ -293,28 +327,38 @@ def workload_of(records: Iterable[Any], source: str = "") -> Workload:
                 r.finish_ts = rec.ts
                 r.output_digests = list(rec.output_block_digests) if rec.output_block_digests else None
                 r.draft_verifications = getattr(rec, "draft_verifications", None) or None
-        elif kind == ENGINE_CONFIG.name and config is None:
-            config = {k: v for k, v in _fields(rec).items() if v is not None}
-    if config is None:
-        raise WorkloadError(f"{source}: no engine_config line (not a vllm-probe run, or cut before the engine started)")
-    flags = config.get("flags") or {}
-    if not reqs:
-        why = ("scheduler_probe.log_request_events was off" if flags.get("log_request_events") is False
-               else "no request reached the engine")
-        raise WorkloadError(f"{source}: no request_added events ({why}); whatif needs them")
-    if not steps:
-        why = ("scheduler_probe.log_schedule_each_step was off" if flags.get("log_schedule_each_step") is False
-               else "the engine never stepped")
-        raise WorkloadError(f"{source}: no step events ({why}); whatif fits its step-time model on them")
-    for eng in state.engines.values():  # still running when the log ended
-        for req_state in eng.requests.values():
+        elif kind == ENGINE_CONFIG.name and self.config is None:
+            self.config = {k: v for k, v in _fields(rec).items() if v is not None}
+
+    def workload(self, source: str, in_flight: Iterable[RequestState]) -> Workload:
+        """The :class:`Workload` of the records taken; ``in_flight``: the requests the
+        lifecycle model (the state the same records were applied to) still holds
+        unfinished at the end, whose output so far it estimates. Call once.
+
+        Raises:
+            WorkloadError: no ``engine_config``; no request or step events (the flag is named).
+        """
+        config, reqs, steps, last_step = self.config, self.reqs, self.steps, self.last_step
+        if config is None:
+            raise WorkloadError(f"{source}: no engine_config line (not a vllm-probe run, or cut before the engine "
+                                "started)")
+        flags = config.get("flags") or {}
+        if not reqs:
+            why = ("scheduler_probe.log_request_events was off" if flags.get("log_request_events") is False
+                   else "no request reached the engine")
+            raise WorkloadError(f"{source}: no request_added events ({why}); whatif needs them")
+        if not steps:
+            why = ("scheduler_probe.log_schedule_each_step was off" if flags.get("log_schedule_each_step") is False
+                   else "the engine never stepped")
+            raise WorkloadError(f"{source}: no step events ({why}); whatif fits its step-time model on them")
+        for req_state in in_flight:  # still running when the log ended
             r = reqs.get(req_state.req_id)
             if r is not None and r.finish_reason is None:
                 r.output_tokens = req_state.estimated_output_tokens(last_step) or 0
-    w = Workload(source, config, list(reqs.values()), steps, chunks, preempts, last_step,
-                 chunk_events=chunk_seen)
-    availability_windows(w)
-    return w
+        w = Workload(source, config, list(reqs.values()), steps, self.chunks, self.preempts, last_step,
+                     chunk_events=self.chunk_seen)
+        availability_windows(w)
+        return w
 
 
 def _fields(rec: Any) -> dict[str, Any]:

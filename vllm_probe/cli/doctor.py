@@ -101,6 +101,10 @@ def main(args: argparse.Namespace) -> int:
         print("vllm-probe: note: vLLM is not installed here: remedies are the rules' arithmetic, not checked by the "
               "replay", file=sys.stderr)
         replay = False
+    if replay and args.rank is None:  # the replays read the run's workload and rows next: one pass for all
+        from ..analysis.reading import read
+
+        read(run_dir, "summary", "rows", "workload")
     report = examine(run_dir, expected, rank=args.rank)
     from ..advice import plan, remedies
     from ..advice.verdict import unchecked

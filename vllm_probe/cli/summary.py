@@ -46,7 +46,12 @@ def main(args: argparse.Namespace) -> int:
     from ..runs.ranks import layout
 
     run_dir = run_dir_arg(args.run_dir)
-    lay = layout(run_dir)
+    if args.rank is None:  # the whole run: its layout from the one pass that story() reads
+        from ..analysis.reading import read
+
+        lay = read(run_dir, "summary", "recompute").layout
+    else:
+        lay = layout(run_dir)
     boundaries = args.by or None
     state, s, recompute = story(run_dir, args.rank, boundaries=boundaries, lay=lay)
     ranks = rank_summaries(run_dir, s, boundaries, lay) if args.rank is None else []

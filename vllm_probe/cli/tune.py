@@ -74,9 +74,10 @@ def _rank_run(run_dir: Path, rank: int | None) -> tuple[Path, Any]:
         CliError: a run of several ranks without ``--rank``.
         RankError: a rank the run does not hold.
     """
-    from ..runs.ranks import layout, rank_view
+    from ..analysis.reading import layout
+    from ..runs.ranks import rank_view
 
-    lay = layout(run_dir)
+    lay = layout(run_dir, "summary", "rows", "workload")  # one stream: the one pass the evaluator reads
     if rank is None and lay.multi:
         raise CliError(f"{run_dir} holds data-parallel ranks {', '.join(str(r) for r in lay.ids)}; tune replays one "
                        "engine core: --rank N searches rank N's settings on its own requests")

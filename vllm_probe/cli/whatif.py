@@ -92,9 +92,9 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(str(e), code=EXIT_NO_EVENTS) from None
     run_dir = resolve_run_dir(args.like or args.run_dir)
     quiet_vllm()
-    from ..runs.ranks import layout
+    from ..analysis.reading import layout
 
-    lay = layout(run_dir)
+    lay = layout(run_dir, "summary", "workload")  # one stream: the one pass the replays' preparation reads
     ranks = _ranks(args, run_dir, lay)
     print(f"vllm-probe: replaying {run_dir}" + (f" with the requests of {args.trace}" if args.trace else "")
           + (f", data-parallel rank{'s' if len(ranks) > 1 else ''} {', '.join(str(r) for r in ranks)} (each with its "

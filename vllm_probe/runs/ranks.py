@@ -21,7 +21,7 @@ Never raises for a bad file: an unreadable or empty stream has no rank and is le
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,24 +120,35 @@ def _last_ts(stream: EventStream) -> float | None:
 
 
 def layout(run_dir: str | Path) -> Layout:
-    """The run's streams by rank (see the module docstring). Never raises."""
+    """The run's streams by rank (see the module docstring), from each stream's first
+    record (and the tail of the streams of a rank written by several). Never raises."""
+    streams = event_streams(Path(run_dir))
+    return layout_of(streams, {s.name: rec for s in streams if (rec := _first_record(s)) is not None}, _last_ts)
+
+
+def layout_of(streams: list[EventStream], firsts: dict[str, Any],
+              last_ts: Callable[[EventStream], float | None]) -> Layout:
+    """The :class:`Layout` of ``streams`` given each one's first readable record (by stream
+    name; a stream without one is left out) and ``last_ts``, the ``ts`` of a stream's last
+    record (epoch s; None: unknown), asked only of ranks written by several streams. A
+    reader that went through every record has both (:mod:`vllm_probe.analysis.reading`)."""
     ranks: dict[int, list[EventStream]] = {}
-    firsts: dict[str, float] = {}
-    for stream in event_streams(Path(run_dir)):
-        rec = _first_record(stream)
+    starts: dict[str, float] = {}
+    for stream in streams:
+        rec = firsts.get(stream.name)
         if rec is None:
             continue
         ranks.setdefault(int(rec.engine or 0), []).append(stream)
-        firsts[stream.name] = float(rec.ts)
+        starts[stream.name] = float(rec.ts)
     spans: dict[str, tuple[float, float]] = {}
     clashes = []
-    for rank, streams in ranks.items():
-        if len(streams) < 2:
+    for rank, of_rank in ranks.items():
+        if len(of_rank) < 2:
             continue
-        for s in streams:
-            last = _last_ts(s)
-            spans[s.name] = (firsts[s.name], last if last is not None else firsts[s.name])
-        ordered = sorted(spans[s.name] for s in streams)
+        for s in of_rank:
+            last = last_ts(s)
+            spans[s.name] = (starts[s.name], last if last is not None else starts[s.name])
+        ordered = sorted(spans[s.name] for s in of_rank)
         if any(b[0] < a[1] for a, b in zip(ordered, ordered[1:])):
             clashes.append(rank)
     return Layout({r: tuple(ranks[r]) for r in sorted(ranks)}, spans, tuple(sorted(clashes)))
@@ -191,4 +202,4 @@ def rank_view(run_dir: str | Path, rank: int, dest: str | Path, lay: Layout | No
     return dest
 
 
-__all__ = ["Layout", "RankError", "TAIL_BYTES", "layout", "rank_batches", "rank_records", "rank_view"]
+__all__ = ["Layout", "RankError", "TAIL_BYTES", "layout", "layout_of", "rank_batches", "rank_records", "rank_view"]

@@ -26,7 +26,7 @@ import io
 import itertools
 import zlib
 from operator import attrgetter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterable, Iterator
@@ -56,6 +56,15 @@ class ReadStats:
     segments_missed: int = 0
     #: gzipped segments that end short or are not gzip (read up to the damage, counted)
     damaged_gz: int = 0
+
+    def add(self, other: ReadStats) -> None:
+        """Count ``other``'s lines and files in these too (one reading, counted for each of
+        the callers it serves)."""
+        for f in fields(self):
+            if f.name == "files":
+                self.files |= other.files
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
     def skipped(self) -> int:

@@ -37,6 +37,7 @@ from typing import Any
 
 from .. import __version__, envvars
 from ..analysis.compare import relative_errors
+from ..analysis.reading import read
 from ..analysis.summary import analyze_story
 from ..analysis.summary_types import Summary
 from ..analysis.workload import Workload, load_workload
@@ -386,6 +387,7 @@ def run_task(task: ReplayTask) -> ConfigResult:
         raise WhatifError(f"{run_dir} exists and is not a simulated run; choose another --out")
     with atomic_dir(run_dir) as tmp:  # written whole: an interrupted replay leaves no half folder
         _replay_into(task, tmp)
+    read(run_dir, "summary", "rows")  # one pass: the summary below, the figures a search measures next
     return ConfigResult(task.settings, task.overrides, run_dir, recorded_summary(run_dir),
                         read_meta(run_dir)["whatif"]["replay"])
 

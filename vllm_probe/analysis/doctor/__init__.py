@@ -22,7 +22,6 @@ from ...runs.rundir import read_meta
 from ..episodes import Episodes
 from ..expected import check_expected
 from ..state import RunState
-from ..summary import analyze
 from .findings import CRITICAL, INFO, SEVERITIES, WARNING, Finding, Remedy, has_critical, worst_first
 from .context import Context
 from ..text import fmt_count
@@ -146,7 +145,9 @@ def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None =
             rank: int | None = None) -> Report:
     """Read the run in ``run_dir`` and diagnose it; ``rank``: data-parallel rank ``rank``
     alone (its own events, :func:`vllm_probe.analysis.ranks.analyze_rank`), None: every
-    rank together (each finding names its rank).
+    rank together (each finding names its rank), read by the command's one pass
+    (:func:`vllm_probe.analysis.reading.read`: the report's state and episodes are shared
+    with the command's other readers, to be read, not changed).
 
     ``expected``: ``--expect FILE`` (:func:`vllm_probe.settings.load_expected`); without
     it, what ``meta.json`` recorded. Raises ``NoEventsError`` like ``summary``, and
@@ -154,15 +155,18 @@ def examine(run_dir: str | Path, expected: Any = None, stats: ReadStats | None =
     """
     from ...runs.ranks import layout
     from ..ranks import analyze_rank
+    from ..reading import read
 
-    episodes = Episodes()
-    stats = stats if stats is not None else ReadStats()
-    lay = layout(run_dir)
-    if rank is None:
-        state, _ = analyze(run_dir, stats, listener=episodes, with_summary=False)  # rules read the state only
+    if rank is None:  # the command's one pass over the run, shared with its other readers
+        reading = read(run_dir)
+        state, episodes, lay, meta = reading.state, reading.episodes, reading.layout, dict(reading.meta)
+        stats = reading.counted(stats)
     else:
+        episodes = Episodes()
+        stats = stats if stats is not None else ReadStats()
+        lay = layout(run_dir)
         state, _ = analyze_rank(run_dir, rank, stats, listener=episodes, with_summary=False, lay=lay)
-    meta = read_meta(Path(run_dir))
+        meta = read_meta(Path(run_dir))
     if expected is None:
         expected = expected_of_meta(meta)
     findings = diagnose(state, episodes, expected)
