@@ -344,12 +344,16 @@ def test_head_of_line_blocking_same_at_any_step_time_and_short_by_tokens_to_comp
         {"req_id": "L2", "prompt_len": 4096, "prefill_tokens": 4096, "first_chunk_step": 4},
         {"req_id": "L1", "prompt_len": 4096, "prefill_tokens": 4096, "first_chunk_step": 0}]
     # queued ahead: a budget for both long prompts + S (8,192 + 96 → 8,448) is over 8× the 1,024
-    # budget, so the long prefills' chunk cap leads, at a quarter of the budget (design.md §7)
+    # budget, so the long prefills' chunk cap leads, at a quarter of the budget
     r = fast["remedy"]
     assert (r["setting"], r["value"], r["whatif"]) == ("long_prefill_token_threshold", 256,
                                                        {"long_prefill_token_threshold": 256})
     assert [(a["setting"], a["value"]) for a in r["alternatives"]] == [("max_num_batched_tokens", 8192),
                                                                       ("scheduling_policy", "priority")]
+    # each alternative spelt as vLLM takes it, as the remedy is
+    assert [(a["engine_arg"], a["flags"]) for a in r["alternatives"]] == [
+        ("max_num_batched_tokens", ["--max-num-batched-tokens", "8192"]),
+        ("scheduling_policy", ["--scheduling-policy", "priority"])]
     if warm:
         assert "1 of them cache-warm (96 tokens left to compute after prefix-cache hits)" in fast["message"]
     from vllm_probe.analysis.doctor import RULES

@@ -75,11 +75,21 @@ class Remedy:
 
     def to_dict(self) -> dict[str, Any]:
         """Its fields, with ``engine_arg`` and ``flags`` (the same change as vLLM spells it)
-        after ``value``."""
+        after ``value``, in the remedy and in each of its alternatives."""
         d = asdict(self)
-        out = {"setting": d.pop("setting"), "value": d.pop("value"), "engine_arg": engine_arg_of(self.setting),
-               "flags": serve_flags({self.setting: self.value})}
-        return out | d
+        d["alternatives"] = [_spelt(a) for a in d["alternatives"]]
+        return _spelt(d)
+
+
+def _spelt(change: dict[str, Any]) -> dict[str, Any]:
+    """A change (``setting``, ``value``, ...) with vLLM's spelling of it after ``value``:
+    ``engine_arg`` (``LLM(...)``) and ``flags`` (``vllm serve``)."""
+    if "setting" not in change or "value" not in change:
+        return change
+    d = dict(change)
+    setting, value = d.pop("setting"), d.pop("value")
+    return {"setting": setting, "value": value, "engine_arg": engine_arg_of(setting),
+            "flags": serve_flags({setting: value})} | d
 
 
 class GoalRecord(msgspec.Struct):
