@@ -10,6 +10,8 @@
     python -m benchmarks.bench_whatif --repeats 3 --workloads light,saturated --write-doc
                                                         # each setting run for real 3 times, A B A B ...
     python -m benchmarks.bench_whatif --repeats 2 --stand-in   # the same on a virtual-clock stand-in (seconds)
+    python -m benchmarks.bench_whatif --coverage --write-doc    # per configuration: the replay at the recorded
+                                                        # settings against the recording (benchmarks/coverage.py)
 
 **Accuracy.** Per workload: record it on the real CPU engine (tiny model, ``vllm-probe
 run``) at one setting; predict five others with :func:`vllm_probe.sim.whatif.predict`
@@ -78,6 +80,13 @@ many real runs its interval covers, and whether it meets the target (:func:`judg
 (:class:`StandInEngine`: vLLM's real Scheduler on a virtual clock of a known step cost),
 whose repeats are identical — zero spread — a check of the procedure in seconds.
 Run the real measurement with nothing else on the machine.
+
+**Coverage** (``--coverage``, :mod:`benchmarks.coverage`): per configuration (prefix caching
+over idle gaps, async scheduling, timed arrivals, speculative decoding, a sliding-window
+model, data-parallel ranks), a real recording replayed at its recorded settings, counts
+against counts (target: exact, steps within 2 %), and one changed setting run for real where
+the CPU engine can; ``--coverage-rows`` picks rows, ``--write-doc`` writes docs/whatif.md's
+Coverage tables.
 
 **Speed.** vLLM's real scheduler with the probe writing a file, replaying N requests
 (256-token prompts, long outputs, all running) in one process per N: replayed steps per
@@ -717,7 +726,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-profile", action="store_true",
                    help="with --repeats: predict with the recording-only model (no calibration)")
     p.add_argument("--write-doc", nargs="?", const=DOC, type=Path, metavar="PATH",
-                   help="with --repeats: write the tables into docs/whatif.md's accuracy section (or PATH)")
+                   help="with --repeats or --coverage: write the tables into docs/whatif.md's accuracy or coverage "
+                        "section (or PATH)")
+    p.add_argument("--coverage", action="store_true",
+                   help="per configuration (prefix caching, async, spec decode, sliding window, DP ranks): the "
+                        "replay at the recorded settings against the recording (benchmarks/coverage.py)")
+    p.add_argument("--coverage-rows", metavar="NAMES", help="with --coverage: a comma list of the rows to run "
+                                                            "(default: all)")
     p.add_argument("--speed-one", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     names = [n for n in args.workloads.split(",") if n]
@@ -736,8 +751,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--think-ms: 0 or more")
     if args.repeats is not None and args.repeats < 1:
         p.error("--repeats: at least 1")
-    if (args.stand_in or args.write_doc or args.no_profile) and args.repeats is None:
-        p.error("--stand-in, --no-profile and --write-doc go with --repeats K")
+    if (args.stand_in or args.no_profile) and args.repeats is None:
+        p.error("--stand-in and --no-profile go with --repeats K")
+    if args.write_doc and args.repeats is None and not args.coverage:
+        p.error("--write-doc goes with --repeats K or --coverage")
+    if args.coverage and (args.repeats is not None or args.quick or args.speed_only):
+        p.error("--coverage excludes --repeats, --quick and --speed-only")
+    if args.coverage_rows is not None and not args.coverage:
+        p.error("--coverage-rows goes with --coverage")
     if args.repeats is not None and (args.quick or args.speed_only):
         p.error("--repeats excludes --quick and --speed-only")
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its backend warnings, in every replay
@@ -747,7 +768,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"machine: {os.cpu_count()} cores; load avg {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     report: dict = {}
-    if args.repeats is not None:
+    if args.coverage:
+        from benchmarks import coverage
+
+        try:
+            rows = coverage.parse_rows(args.coverage_rows)
+        except ValueError as e:
+            p.error(f"--coverage-rows: {e}")
+        parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-coverage-"))
+        report["coverage"] = [r.to_dict() for r in coverage.run(rows, parent, args.write_doc)]
+    elif args.repeats is not None:
         parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-repeats-"))
         load_start = os.getloadavg()[0]
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
