@@ -16,7 +16,9 @@ print, per finding, the goal figure recorded / predicted by the replay / measure
 real rerun, and whether the real rerun reached the goal. Then ``doctor`` on the remedied
 run: does it ask to undo the remedy (advice that does not converge)?
 
-    python benchmarks/bench_remedies.py [--scenarios thrash,short-behind-long] [--out DIR]
+    python -m benchmarks.bench_remedies [--scenarios thrash,short-behind-long] [--out DIR] [--server]
+
+(as a module: ``--server`` imports ``benchmarks.closed_loop``)
 
 Request ids differ between runs: a goal over some requests (the short requests of a
 head-of-line finding) is measured on the rerun over the requests at the same positions
