@@ -112,6 +112,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks._doc import replace_section
+
 ROOT = Path(__file__).resolve().parents[1]
 LONG = ROOT / "examples" / "long_prompts.py"
 TIMED = ROOT / "examples" / "timed_arrivals.py"
@@ -642,12 +644,7 @@ def write_doc(path: Path, text: str) -> None:
     Raises:
         SystemExit: the markers are missing.
     """
-    doc = path.read_text()
-    if DOC_BEGIN not in doc or DOC_END not in doc:
-        sys.exit(f"bench_whatif: {path} has no repeats markers ({DOC_BEGIN} … {DOC_END})")
-    head, rest = doc.split(DOC_BEGIN, 1)
-    _, tail = rest.split(DOC_END, 1)
-    path.write_text(f"{head}{DOC_BEGIN}\n{text}{DOC_END}{tail}")
+    replace_section(path, DOC_BEGIN, DOC_END, lambda _old: text, "repeats")
 
 
 def speed_one(n: int, steps: int) -> dict:

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from benchmarks._doc import replace_section
+
 ROOT = Path(__file__).resolve().parents[1]
 LONG = ROOT / "examples" / "long_prompts.py"
 TIMED = ROOT / "examples" / "timed_arrivals.py"
@@ -612,12 +614,7 @@ def write_doc(path: Path, results: list[RowResult]) -> None:
     Raises:
         SystemExit: the markers are missing.
     """
-    doc = path.read_text()
-    if DOC_BEGIN not in doc or DOC_END not in doc:
-        sys.exit(f"bench_whatif: {path} has no coverage markers ({DOC_BEGIN} … {DOC_END})")
-    head, rest = doc.split(DOC_BEGIN, 1)
-    old, tail = rest.split(DOC_END, 1)
-    path.write_text(f"{head}{DOC_BEGIN}\n{markdown(results, old)}{DOC_END}{tail}")
+    replace_section(path, DOC_BEGIN, DOC_END, lambda old: markdown(results, old), "coverage")
 
 
 def print_result(row: Row, r: RowResult) -> None:
