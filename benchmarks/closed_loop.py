@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -41,7 +38,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from benchmarks.soak import ROOT, SERVER_ARGS, VOCAB, free_port, server_command, server_env, wait_ready
+from benchmarks.soak import SERVER_ARGS, VOCAB, free_port, server_command, serving
 
 
 def with_flags(args: tuple[str, ...] | list[str], values: dict[str, str]) -> list[str]:
@@ -168,21 +165,8 @@ def record(run_dir: Path, engine_args: tuple[str, ...] | list[str], loop: Closed
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "vllm_probe", "run", "--out", str(run_dir), "--",
            *server_command(port, list(engine_args))]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=server_env(),
-                                start_new_session=True)
-        try:
-            model = wait_ready(base, proc, log, START_TIMEOUT_S)
-            result = drive(base, model, loop)
-            os.kill(proc.pid, signal.SIGTERM)  # vllm-probe passes it on; the engine core writes probe_stats
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"the server did not exit {STOP_TIMEOUT_S:.0f} s after SIGTERM; see {log}") from None
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with serving(cmd, base, log, START_TIMEOUT_S, STOP_TIMEOUT_S) as model:
+        result = drive(base, model, loop)
     if result.failed:
         raise RuntimeError(f"{result.failed} of {loop.requests} requests failed ({'; '.join(result.errors)}); "
                            f"see {log}")

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -380,7 +379,7 @@ def record_server(row: Row, run_dir: Path, overrides: dict[str, int] | None = No
         RuntimeError: the server did not start or stop, or the client failed.
         subprocess.TimeoutExpired: the client ran past :data:`RECORD_TIMEOUT_S`.
     """
-    from benchmarks.soak import free_port, server_command, server_env, wait_ready
+    from benchmarks.soak import free_port, server_command, serving
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -389,21 +388,8 @@ def record_server(row: Row, run_dir: Path, overrides: dict[str, int] | None = No
     cmd = [sys.executable, "-m", "vllm_probe", "run", "--out", str(run_dir), "--",
            *server_command(port, row.arguments(overrides))]
     client = [sys.executable, str(LOAD_CLIENT), "--base-url", base, *row.client]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=server_env(),
-                                start_new_session=True)
-        try:
-            wait_ready(base, proc, log, SERVER_START_S)
-            loaded = subprocess.run(client, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S)
-            os.kill(proc.pid, signal.SIGTERM)  # vllm-probe passes it on
-            try:
-                proc.wait(timeout=SERVER_STOP_S)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"the server did not stop {SERVER_STOP_S:.0f} s after SIGTERM; see {log}") from None
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with serving(cmd, base, log, SERVER_START_S, SERVER_STOP_S):
+        loaded = subprocess.run(client, capture_output=True, text=True, timeout=RECORD_TIMEOUT_S)
     if loaded.returncode != 0:
         raise RuntimeError(f"{_shell(client)} exited {loaded.returncode}:\n{loaded.stdout[-2000:]}"
                            f"{loaded.stderr[-2000:]}")

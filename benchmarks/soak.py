@@ -52,6 +52,7 @@ machine's (docs/guarantees.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -68,6 +69,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -517,6 +519,33 @@ def wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float) -> 
             time.sleep(0.5)
     with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as r:
         return json.load(r)["data"][0]["id"]
+
+
+@contextlib.contextmanager
+def serving(cmd: list[str], base: str, log: Path, start_s: float, stop_s: float) -> Iterator[str]:
+    """Run the server ``cmd`` (its output in ``log``) for the ``with`` block; yields its
+    model's name once it answers at ``base`` (:func:`wait_ready`, at most ``start_s``). When
+    the block ends, SIGTERM (``vllm-probe run`` passes it on, so the engine core writes its
+    last ``probe_stats``) and a wait of at most ``stop_s``; if the block raised, or the
+    server is still there, its process group is killed.
+
+    Raises:
+        RuntimeError: the server did not start, or did not stop ``stop_s`` after SIGTERM.
+    """
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=server_env(),
+                                start_new_session=True)
+        try:
+            yield wait_ready(base, proc, log, start_s)
+            os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=stop_s)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"the server did not stop {stop_s:.0f} s after SIGTERM; see {log}") from None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
