@@ -62,7 +62,7 @@ def test_every_reader_of_a_run_shares_one_pass(storm, opens):
     reading.read(storm, *reading.PARTS)  # a command asks its first read for every part it will need
     report = examine(storm)
     state, summary = analyze_story(storm)
-    summary_state, summary_again, _ = story(storm)
+    summary_state, summary_again = story(storm)
     w = load_workload(storm)
     rows = request_rows(storm)
     figures = measure(storm, ["ttft_p99", "preemptions"])

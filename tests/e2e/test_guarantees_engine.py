@@ -33,6 +33,7 @@ import pytest
 from tests.conftest import (EXAMPLE, QUICK_WORKLOAD, SENTINEL, SERVER_REQUESTS, requires_vllm,
                             serve_under_probe, vllm_probe_cmd)
 from vllm_probe.schema.events import COMMON_FIELDS, KINDS
+from vllm_probe.schema.records import KVGroupSpec
 from vllm_probe.runs.rundir import event_files
 from vllm_probe.engine.sink import FLUSH_INTERVAL_S
 
@@ -215,9 +216,18 @@ def test_run_dir_holds_no_prompt_and_no_token_ids_and_is_private(run, request):
         data = p.read_bytes()
         assert SENTINEL.encode() not in data and SENTINEL.lower().encode() not in data.lower(), p
     common = {f.name for f in COMMON_FIELDS}
+    group_keys = set(KVGroupSpec.__annotations__)
     for path in event_files(run_dir):
         for e in read_events(path):
             assert set(e) <= common | set(KINDS[e["event"]].field_names), e
-            for v in e.values():
-                if isinstance(v, list):
-                    assert all(isinstance(x, str) for x in v), e
+            types = {f.name: f.type for f in KINDS[e["event"]].fields}
+            for name, v in e.items():
+                if not isinstance(v, list):
+                    continue
+                # token ids would be a list of ints: every list is ids, digests and counts
+                # as strings, or the KV-cache groups' typed sizes (no list inside)
+                if types.get(name) == "list[kv_group]":
+                    assert all(isinstance(g, dict) and set(g) <= group_keys
+                               and not any(isinstance(x, (list, dict)) for x in g.values()) for g in v), e
+                else:
+                    assert types.get(name) == "list[string]" and all(isinstance(x, str) for x in v), e

@@ -24,8 +24,7 @@ from ..runs.ranks import Layout, RankError, layout, rank_batches
 from ..runs.reader import ReadStats
 from ..runs.rundir import NoEventsError, read_meta
 from .figures import share
-from .recompute import RecomputeCheck, RecomputeListener
-from .state import Listeners, RunState, StateListener
+from .state import RunState, StateListener
 from .summary import analyze_events
 from .summary_types import Summary
 
@@ -58,32 +57,29 @@ def analyze_rank_story(run_dir: str | Path, rank: int, stats: ReadStats | None =
     """:func:`analyze_rank` with the doctor's episodes following the state and the
     summary's ``moments`` filled, as :func:`vllm_probe.analysis.summary.analyze_story`
     does for the whole run. Raises like :func:`analyze_rank`."""
-    state, summary, _ = story(run_dir, rank, stats, boundaries)
-    return state, summary
+    return story(run_dir, rank, stats, boundaries)
 
 
 def story(run_dir: str | Path, rank: int | None = None, stats: ReadStats | None = None,
           boundaries: Iterable[int] | None = None, lay: Layout | None = None,
-          ) -> tuple[RunState, Summary, RecomputeCheck]:
+          ) -> tuple[RunState, Summary]:
     """What ``vllm-probe summary`` shows, in one read: the state and the summary of the run
-    (``rank`` None: every rank together) or of one rank, its ``moments`` filled, and the
-    recomputed positions by the probe's count and vLLM's own
-    (:class:`~vllm_probe.analysis.recompute.RecomputeCheck`). Raises like
-    :func:`analyze_rank` (and :func:`~vllm_probe.analysis.summary.analyze` for the run)."""
+    (``rank`` None: every rank together) or of one rank, its ``moments`` and its
+    ``recompute_counter`` filled. Raises like :func:`analyze_rank` (and
+    :func:`~vllm_probe.analysis.summary.analyze` for the run)."""
     from .episodes import Episodes
     from .moments import notable_moments
 
     if rank is None:  # the command's one pass over the run (analysis/reading.py)
         from .reading import read
 
-        reading = read(run_dir, "summary", "recompute")
-        return reading.state, reading.summary(stats, boundaries, moments=True), reading.recompute_check()
-    episodes, recompute = Episodes(), RecomputeListener()
-    state, summary = analyze_rank(run_dir, rank, stats, listener=Listeners(episodes, recompute),
-                                  boundaries=boundaries, lay=lay)
+        reading = read(run_dir, "summary")
+        return reading.state, reading.summary(stats, boundaries, moments=True)
+    episodes = Episodes()
+    state, summary = analyze_rank(run_dir, rank, stats, listener=episodes, boundaries=boundaries, lay=lay)
     assert summary is not None
     summary.moments = [asdict(m) for m in notable_moments(state, episodes)]
-    return state, summary, RecomputeCheck.of(recompute)
+    return state, summary
 
 
 @dataclass

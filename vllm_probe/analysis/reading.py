@@ -14,18 +14,17 @@ the same pass gathers the parts asked for. ``analyze_story``, ``story``, ``exami
 
 The parts (:data:`PARTS`), asked by name because each costs what a command may not need:
 
-* ``summary``: each finished request's latencies (memory per request), for
-  :meth:`Reading.summary`;
+* ``summary``: each finished request's latencies (memory per request) and the
+  :class:`~vllm_probe.analysis.recompute.RecomputeListener` (a call per step, memory per
+  request preempted and running), for :meth:`Reading.summary`;
 * ``rows``: each finished request's :class:`~vllm_probe.analysis.requests.RequestState`
   (memory per request), what :func:`~vllm_probe.analysis.objectives.request_rows` gives;
 * ``workload``: a run of one event stream tapped into its
   :class:`~vllm_probe.analysis.workload.Workload` (memory per step);
-* ``recompute``: the :class:`~vllm_probe.analysis.recompute.RecomputeListener` (a call
-  per step), for ``summary``'s recompute counter.
 
 A reading that lacks a part asked for is read again with every part, so a command says
 what it will need in its first call: ``doctor`` and ``tune`` replay (summary, rows,
-workload), ``whatif`` replays (summary, workload), ``summary`` (summary, recompute).
+workload), ``whatif`` replays (summary, workload), ``summary`` (summary).
 
 A reading is found again by the run directory as named and each event file's (name, size,
 mtime_ns), and ``meta.json``'s: a file that changed (a live run, a run directory written
@@ -62,7 +61,7 @@ from ..runs.ranks import layout as streams_layout
 from ..runs.reader import ReadStats, iter_file_batches
 from ..runs.rundir import META_FILE, EventStream, NoEventsError, event_streams, never_started_note, read_meta
 from .episodes import Episodes
-from .recompute import RecomputeCheck, RecomputeListener
+from .recompute import RecomputeListener
 from .requests import RequestState
 from .state import Listeners, RunState
 from .summary import FinishedRequests, apply_events, build_summary
@@ -72,7 +71,7 @@ from .workload import Workload, WorkloadBuilder, WorkloadError
 #: Readings kept (least recently used dropped first; see the module docstring).
 CAPACITY = 4
 #: What a pass gathers besides the state, its episodes and the layout, when asked.
-PARTS = frozenset({"summary", "rows", "workload", "recompute"})
+PARTS = frozenset({"summary", "rows", "workload"})
 
 #: (name, size in bytes, mtime in ns) of each event file, then of ``meta.json`` (None: absent)
 _Key = tuple[tuple[tuple[str, int, int], ...], tuple[int, int] | None]
@@ -94,7 +93,7 @@ class Reading:
         finished: each finished request's latencies, for :meth:`summary` (part ``summary``).
         rows: every finished request's :class:`~vllm_probe.analysis.requests.RequestState`,
             in finishing order (part ``rows``).
-        recompute: recomputed positions by the probe's count and vLLM's (part ``recompute``).
+        recompute: recomputed positions by the probe's count and vLLM's (part ``summary``).
         workload: the workload of the run's one stream (part ``workload``; None: a run of
             several streams, or :attr:`workload_error`).
         workload_error: why the stream has no workload (a :class:`WorkloadError`'s line).
@@ -133,22 +132,12 @@ class Reading:
         if self.finished is None:
             raise ValueError(f"{self.run_dir}: read without its summary")
         s = build_summary(self.state, self.finished, self.counted(stats), str(Path(self.run_dir)),
-                          copy.deepcopy(self.meta), boundaries)
+                          copy.deepcopy(self.meta), boundaries, self.recompute)
         if moments:
             from .moments import notable_moments
 
             s.moments = [dataclasses.asdict(m) for m in notable_moments(self.state, self.episodes)]
         return s
-
-    def recompute_check(self) -> RecomputeCheck:
-        """The run's recomputed positions by both counts (``summary``'s ``recompute_counter``).
-
-        Raises:
-            ValueError: part ``recompute`` was not asked for.
-        """
-        if self.recompute is None:
-            raise ValueError(f"{self.run_dir}: read without the recompute counts")
-        return RecomputeCheck.of(self.recompute)
 
     def workload_copy(self) -> Workload:
         """A copy of the workload of the run's one stream, the caller's to change.
@@ -246,7 +235,7 @@ def _read(name: str, streams: list[EventStream], parts: frozenset[str]) -> Readi
     episodes = Episodes()
     finished = FinishedRequests() if "summary" in parts else None
     rows: list[RequestState] | None = [] if "rows" in parts else None
-    counts = RecomputeListener() if "recompute" in parts else None
+    counts = RecomputeListener() if "summary" in parts else None
     on_finished: Callable[[RequestState], None] | None = finished
     if rows is not None:
         on_finished = rows.append if finished is None else _Both(finished, rows.append)

@@ -30,7 +30,8 @@ from ..runs.rundir import NoEventsError, event_files, never_started_note, read_m
 from .expected import check_expected, check_model, check_sampling
 from .figures import LIMITS, Distribution, budget_use_counts, prefill_share, share
 from .requests import RequestState
-from .state import RunState, StateListener
+from .recompute import RecomputeCheck, RecomputeListener
+from .state import Listeners, RunState, StateListener
 from .window import retention_note
 
 from .summary_types import (
@@ -104,12 +105,15 @@ def analyze_events(events: Iterable[Any], stats: ReadStats | None = None, run_di
     growing request records cost about a tenth of the time.
     """
     finished = FinishedRequests() if with_summary else None
+    recompute = RecomputeListener() if with_summary else None
+    if recompute is not None:
+        listener = recompute if listener is None else Listeners(listener, recompute)
     state = RunState(step_window=0, on_request_finished=finished, listener=listener,
                      buckets=False)  # no rolling chart, no bucketed schedule times here
     apply_events(state, events, batched)
     if finished is None:
         return state, None
-    return state, build_summary(state, finished, stats or ReadStats(), run_dir, meta or {}, boundaries)
+    return state, build_summary(state, finished, stats or ReadStats(), run_dir, meta or {}, boundaries, recompute)
 
 
 def apply_events(state: RunState, events: Iterable[Any], batched: bool = False) -> RunState:
@@ -134,12 +138,17 @@ def apply_events(state: RunState, events: Iterable[Any], batched: bool = False) 
 
 
 def build_summary(state: RunState, finished: FinishedRequests, stats: ReadStats, run_dir: str,
-                  meta: dict[str, Any], boundaries: Iterable[int] | None = None) -> Summary:
+                  meta: dict[str, Any], boundaries: Iterable[int] | None = None,
+                  recompute: RecomputeListener | None = None) -> Summary:
     """The :class:`Summary` of a state read to its end, ``finished`` its
     ``on_request_finished``; ``stats`` what the reading read, ``run_dir`` as the summary
-    names it, ``meta`` the run's ``meta.json``, ``boundaries`` as in :func:`analyze_events`.
-    Reads ``state`` and ``finished`` only, so one state gives any number of summaries."""
-    return _build(state, finished, stats, run_dir, meta, None if boundaries is None else sorted(set(boundaries)))
+    names it, ``meta`` the run's ``meta.json``, ``boundaries`` as in :func:`analyze_events`,
+    ``recompute`` the recompute counts that followed the state (its ``recompute_counter``;
+    None: not counted). Reads its arguments only, so one state gives any number of summaries."""
+    s = _build(state, finished, stats, run_dir, meta, None if boundaries is None else sorted(set(boundaries)))
+    if recompute is not None:
+        s.recompute_counter = RecomputeCheck.of(recompute).to_dict()
+    return s
 
 
 def summarize_events(events: Iterable[Any], stats: ReadStats | None = None, run_dir: str = "",

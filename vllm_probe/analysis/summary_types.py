@@ -315,6 +315,10 @@ class Summary:
     probe_hooks_disabled: list[str] = field(default_factory=list)
     #: the machine-speed mark of the run's host (:class:`SpeedMark`)
     speed_mark: SpeedMark = field(default_factory=SpeedMark)
+    #: recomputed token positions by the probe's count and vLLM's own counter
+    #: (:meth:`vllm_probe.analysis.recompute.RecomputeCheck.to_dict`), counted by every
+    #: whole-run reading; None only for a summary built without it
+    recompute_counter: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``summary --json``)."""

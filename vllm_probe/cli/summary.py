@@ -49,15 +49,14 @@ def main(args: argparse.Namespace) -> int:
     if args.rank is None:  # the whole run: its layout from the one pass that story() reads
         from ..analysis.reading import read
 
-        lay = read(run_dir, "summary", "recompute").layout
+        lay = read(run_dir, "summary").layout
     else:
         lay = layout(run_dir)
     boundaries = args.by or None
-    state, s, recompute = story(run_dir, args.rank, boundaries=boundaries, lay=lay)
+    state, s = story(run_dir, args.rank, boundaries=boundaries, lay=lay)
     ranks = rank_summaries(run_dir, s, boundaries, lay) if args.rank is None else []
     if args.json:
         out = s.to_dict()
-        out["recompute_counter"] = recompute.to_dict()
         if args.rank is not None:
             out["rank"] = args.rank
         elif ranks:
@@ -71,8 +70,8 @@ def main(args: argparse.Namespace) -> int:
         if args.rank is not None and lay.multi:
             print_report(lambda width: rank_heading(args.rank, lay.ids, "its own events only", width))
         print_report(lambda width: render(s, width, engines))
-        if recompute.engine_tokens is not None:
-            print_report(lambda width: recompute_line(recompute, s.preemptions.recomputed_tokens))
+        if s.recompute_counter and s.recompute_counter["engine_tokens"] is not None:
+            print_report(lambda width: recompute_line(s))
         if ranks:
             print_report(lambda width: ranks_table(ranks, width))
     if s.read.get("malformed") or s.read.get("partial") or s.read.get("unknown_kind"):

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analysis.recompute import VLLM_METRIC
+from ..analysis.summary_types import Summary
 from .format import count, duration, pct
 
 
@@ -43,18 +44,19 @@ def ranks_table(rows: Sequence[Any], width: int = 120) -> RenderableType:
     return t
 
 
-def recompute_line(check: Any, recomputed_tokens: int) -> RenderableType:
-    """vLLM's own recompute counter beside the probe's count of the same positions
-    (:class:`~vllm_probe.analysis.recompute.RecomputeCheck`) and the summary's recomputed
-    tokens (every token of the resumed passes)."""
-    agree = check.agree
+def recompute_line(s: Summary) -> RenderableType:
+    """vLLM's own recompute counter beside the probe's count of the same positions (the
+    summary's ``recompute_counter``, :class:`~vllm_probe.analysis.recompute.RecomputeCheck`)
+    and the summary's recomputed tokens (every token of the resumed passes)."""
+    check = s.recompute_counter or {}
+    agree = check.get("agree")
     return Text.assemble(
         ("vLLM's recompute counter ", "bold"), (f"({VLLM_METRIC}) ", "dim"),
-        (f"{count(check.engine_tokens)} tok", "bold"), " · the probe's count of the same positions ",
-        (f"{count(check.probe_tokens)} tok", "bold"),
+        (f"{count(check.get('engine_tokens'))} tok", "bold"), " · the probe's count of the same positions ",
+        (f"{count(check.get('probe_tokens'))} tok", "bold"),
         (" (equal)" if agree else " (DIFFER: docs/reading.md, Recompute counter)", "green" if agree else "bold red"),
-        (f" · recomputed tokens {count(recomputed_tokens)} (whole re-prefills, the last sampled token of each "
-         "included)", "dim"))
+        (f" · recomputed tokens {count(s.preemptions.recomputed_tokens)} (whole re-prefills, the last sampled "
+         "token of each included)", "dim"))
 
 
 __all__ = ["rank_heading", "ranks_table", "recompute_line"]
