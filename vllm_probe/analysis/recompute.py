@@ -115,7 +115,9 @@ class RecomputeListener(StateListener):
         self.of(eng).finished(req.req_id)
 
     def on_step(self, eng: EngineState, ev: Any) -> None:
-        self.of(eng).step(engine_count(ev))
+        count = engine_count(ev)
+        if count is not None:  # every step of every release so far: nothing to count
+            self.of(eng).step(count)
 
 
 @dataclass
