@@ -326,6 +326,8 @@ REPEAT_FIGURES = (
     ("output_tokens_per_s", "tok/s", "", 0.05, 0.0),
     ("duration_s", "duration", "s", 0.05, 0.0),
 )
+#: The figures in seconds or per second: those a replay at another engine speed moves.
+TIMED_FIGURES = frozenset(f[0] for f in REPEAT_FIGURES if f[2] == "s") | {"output_tokens_per_s"}
 #: An interval should cover at least this share of the real runs (80 %) ...
 COVERAGE_TARGET = 0.8
 #: ... and be no wider than this many times the real runs' own spread (max − min).
@@ -352,17 +354,28 @@ def spread(values: list[float]) -> dict:
             "cv": statistics.pstdev(values) / mean if mean else None}
 
 
-def judge(name: str, predicted: float | None, interval: dict | None, reals: list[float]) -> dict:
+def judge(name: str, predicted: float | None, interval: dict | None, reals: list[float],
+          engine: float | None = None, at_engine: float | None = None) -> dict:
     """One figure of one setting: the real runs' :func:`spread`, the prediction's error
     against their median (``error``: relative; ``error_abs``: in the figure's unit), how many
     real runs the interval ``{lo, hi}`` covers, its width against the real spread, and
-    whether each target of :data:`REPEAT_FIGURES` is met (None: not judged)."""
+    whether each target of :data:`REPEAT_FIGURES` is met (None: not judged).
+
+    ``engine``: the real runs' median decode ratio to the recording
+    (:func:`~vllm_probe.analysis.compare.decode_ratio`: 1.30, their engine's decode steps
+    took 30 % longer at the same batch); ``at_engine``: the figure replayed with every step
+    time scaled by it (:func:`at_engine_speed`). ``error_at_engine`` is its error against
+    the real median: what is left once the engine's own speed change is taken out (None
+    for a count, or without a ratio)."""
     _, _, _, rel_target, abs_target = next(f for f in REPEAT_FIGURES if f[0] == name)
     out = {"figure": name, "predicted": predicted, "reals": list(reals), **spread(reals)}
     med = out["median"]
     out["error_abs"] = predicted - med if predicted is not None and med is not None else None
     out["error"] = out["error_abs"] / med if out["error_abs"] is not None and med else (
         0.0 if out["error_abs"] == 0 else None)
+    out["engine_ratio"] = engine
+    out["at_engine"] = at_engine
+    out["error_at_engine"] = at_engine / med - 1.0 if at_engine is not None and med else None
     out["meets"] = None
     if rel_target is not None and out["error_abs"] is not None:
         allowed = max(rel_target * abs(med), abs_target, out["range"] or 0.0)  # or the runs' own spread
@@ -489,7 +502,7 @@ def repeats(engine, parent: Path, k: int, jobs: int, settings: list[int] | None 
     each changed setting for real, alternated, ``k`` rounds; print and return the runs and
     each figure's :func:`judge`. ``engine.profile`` None: calibrate one on the recording
     (``calibrate_seconds`` of sweep) and keep it there."""
-    from vllm_probe.analysis.compare import machine_ratio
+    from vllm_probe.analysis.compare import decode_ratio, machine_ratio
     from vllm_probe.analysis.objectives import measure
     from vllm_probe.analysis.summary import summarize
     from vllm_probe.sim.whatif import predict
@@ -526,24 +539,98 @@ def repeats(engine, parent: Path, k: int, jobs: int, settings: list[int] | None 
             ratio = machine_ratio(recorded, s)
             runs.append({"round": rnd, "setting": label, "run_dir": str(run_dir), "wall_s": wall,
                          "load_before": load_before, "load_after": load_after, "speed_mark_us": s.speed_mark.mark_us,
-                         "machine_ratio": ratio, "figures": figs})
+                         "machine_ratio": ratio, "decode_ratio": decode_ratio(recorded, s), "figures": figs})
             print(f"  [{time.strftime('%H:%M:%S')}] round {rnd} {label:32s} {wall:6.1f} s  load {load_before:5.2f} "
                   f"→ {load_after:5.2f}  mark {_mark(s.speed_mark.mark_us)}"
                   + (f" (×{ratio:.2f})" if ratio else "") + f"  steps {_fmt('steps', figs['steps'])}  "
                   f"TTFT p90 {_fmt('ttft_p90', figs['ttft_p90'])}", flush=True)
     judged = []
     for overrides, point in points:
-        label = _label(overrides)
-        mine = [r for r in runs if r["setting"] == label]
         predicted = measure(None, names, summary=point["summary"])
         for name in names:
-            reals = [r["figures"][name] for r in mine if r["figures"][name] is not None]
-            judged.append({"setting": label, **judge(name, predicted[name], point["intervals"].get(name), reals)})
-    report = {"workload": engine.name, "description": engine.text, "k": k, "runs": runs, "figures": judged,
-              "recorded_speed_mark_us": recorded.speed_mark.mark_us,
+            judged.append({"setting": _label(overrides), "figure": name, "predicted": predicted[name],
+                           "interval": point["intervals"].get(name)})
+    at_engine = at_engine_speed(base / "recorded", [o for o, _ in points], runs, base / "at-engine-speed",
+                                engine.profile, force=engine.profile not in (None, False))
+    report = {"workload": engine.name, "description": engine.text, "k": k, "runs": runs,
+              "figures": rejudge(runs, judged, at_engine), "recorded_speed_mark_us": recorded.speed_mark.mark_us,
               "step_time_model": data["step_time_model"], "baseline_within": result.error["within"]}
     print_repeats(report)
     return report
+
+
+def _engine_ratio(runs: list[dict], setting: str) -> float | None:
+    """The median ``decode_ratio`` of ``setting``'s real runs (None: none has one)."""
+    ratios = [r["decode_ratio"] for r in runs if r["setting"] == setting and r.get("decode_ratio")]
+    return statistics.median(ratios) if ratios else None
+
+
+def at_engine_speed(recorded: Path, settings: list[dict], runs: list[dict], out: Path,
+                    profile: Path | bool | None, force: bool = False) -> dict[str, dict]:
+    """Per setting (label → figure → value): the recording replayed at that setting with every
+    step time scaled by its real runs' median decode ratio (``predict(step_time_scale=…)``):
+    the prediction had it known the engine's speed during those runs. Settings whose runs
+    have no ratio are left out."""
+    from vllm_probe.analysis.objectives import measure
+    from vllm_probe.sim.whatif import predict
+
+    names = [f[0] for f in REPEAT_FIGURES]
+    out_figures: dict[str, dict] = {}
+    for overrides in settings:
+        label = _label(overrides)
+        ratio = _engine_ratio(runs, label)
+        if ratio is None:
+            continue
+        data = predict(recorded, [overrides] if overrides else [], out=out / (slug_of(overrides) or "recorded"),
+                       step_time_scale=ratio, profile=profile, force=force).to_dict()
+        point = data["configs"][0] if overrides else data["baseline"]
+        out_figures[label] = measure(None, names, summary=point["summary"])
+    return out_figures
+
+
+def rejudge(runs: list[dict], figures: list[dict], at_engine: dict[str, dict] | None = None) -> list[dict]:
+    """Each figure of each setting (``{setting, figure, predicted, interval}``, as
+    :func:`repeats` lists them) judged (:func:`judge`) against its setting's real ``runs``,
+    with the median of their ``decode_ratio`` as the engine's speed and, for a figure in
+    seconds (or per second), its value replayed at that speed (``at_engine``,
+    :func:`at_engine_speed`)."""
+    out = []
+    for f in figures:
+        mine = [r for r in runs if r["setting"] == f["setting"]]
+        reals = [r["figures"][f["figure"]] for r in mine if r["figures"][f["figure"]] is not None]
+        timed = f["figure"] in TIMED_FIGURES
+        value = (at_engine or {}).get(f["setting"], {}).get(f["figure"]) if timed else None
+        out.append({"setting": f["setting"], **judge(f["figure"], f["predicted"], f["interval"], reals,
+                                                      _engine_ratio(runs, f["setting"]), value)})
+    return out
+
+
+def with_engine_speed(report: dict, out: Path) -> dict:
+    """A saved ``--repeats`` report (``--json``) with each run's ``decode_ratio`` read again
+    from its run directory against the recording's (``<workload>/recorded`` beside it), the
+    recording replayed at each setting's engine speed into ``out`` (:func:`at_engine_speed`,
+    with the recording's own step-time model as the report used) and its figures judged
+    again (:func:`rejudge`); the runs' seconds are not touched.
+
+    Raises:
+        NoEventsError: a run directory is gone.
+    """
+    from vllm_probe.analysis.compare import decode_ratio
+    from vllm_probe.analysis.summary import summarize
+    from vllm_probe.sim.engine_args import parse_sets
+
+    runs = report["runs"]
+    if not runs:
+        return report
+    recorded_dir = Path(runs[0]["run_dir"]).parent / "recorded"
+    recorded = summarize(recorded_dir)
+    for r in runs:
+        r["decode_ratio"] = decode_ratio(recorded, summarize(r["run_dir"]))
+    labels = dict.fromkeys(r["setting"] for r in runs)  # _label's text back to its overrides
+    settings = [{} if label == _label({}) else parse_sets(label.split(","))[0] for label in labels]
+    profile = False if (report.get("step_time_model") or {}).get("source") == "recording" else None
+    at_engine = at_engine_speed(recorded_dir, settings, runs, out / report["workload"], profile)
+    return {**report, "figures": rejudge(runs, report["figures"], at_engine)}
 
 
 def slug_of(overrides: dict) -> str:
@@ -577,12 +664,14 @@ def repeat_rows(report: dict) -> list[list[str]]:
         meets = {True: "yes", False: "NO", None: "-"}[f["meets"]]
         if f["interval_ok"] is not None:
             meets += " · interval " + ("ok" if f["interval_ok"] else "NO")
-        rows.append([f["setting"], name, pred, real, cv, _pct(f["error"]), covered, width, meets])
+        engine = "-" if f.get("error_at_engine") is None else (
+            f"{_pct(f['error_at_engine'])} (×{f['engine_ratio']:.2f})")
+        rows.append([f["setting"], name, pred, real, cv, _pct(f["error"]), engine, covered, width, meets])
     return rows
 
 
 REPEAT_COLUMNS = ["setting", "figure", "predicted (interval)", "real median (min–max)", "CV", "error",
-                  "covered", "width ÷ spread", "target"]
+                  "error at the engine's speed", "covered", "width ÷ spread", "target"]
 
 
 def print_repeats(report: dict) -> None:
@@ -595,27 +684,32 @@ def print_repeats(report: dict) -> None:
         print("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
 
 
-def repeats_markdown(reports: list[dict], when: str, load: tuple[float, float]) -> str:
+def repeats_markdown(reports: list[dict], when: str, load: tuple[float, float] | None) -> str:
     """docs/whatif.md's generated section: the method line, then per workload its runs (load
-    average and machine mark beside each) and the figures' table."""
-    out = [f"Measured {when}: {os.cpu_count()} cores, load average (1 min) {load[0]:.2f} at the start and "
-           f"{load[1]:.2f} at the end; each setting run {reports[0]['k'] if reports else 0} times, alternated "
-           "(recorded setting, then each changed one, round after round).", ""]
+    average and machine mark beside each) and the figures' table. ``load``: the 1-minute
+    load average at the start and the end (None: ``when`` says it, for saved reports)."""
+    loads = "" if load is None else (f", load average (1 min) {load[0]:.2f} at the start and {load[1]:.2f} "
+                                     "at the end")
+    out = [f"Measured {when}: {os.cpu_count()} cores{loads}; each setting run {reports[0]['k'] if reports else 0} "
+           "times, alternated (recorded setting, then each changed one, round after round).", ""]
     for rep in reports:
         out += [f"**{rep['workload']}** ({rep['description']}); step-time model: "
                 f"{(rep.get('step_time_model') or {}).get('source', '-')}; the recording's machine mark "
                 f"{_mark(rep['recorded_speed_mark_us'])}.", "",
-                "| round | setting | wall | load before → after | machine mark (× the recording's) |",
-                "|---|---|---|---|---|"]
+                "| round | setting | wall | load before → after | machine mark (× the recording's) "
+                "| engine's decode steps (× the recording's) |",
+                "|---|---|---|---|---|---|"]
         for r in rep["runs"]:
             ratio = f" (×{r['machine_ratio']:.2f})" if r["machine_ratio"] else ""
+            engine = f"×{r['decode_ratio']:.2f}" if r.get("decode_ratio") else "-"
             out.append(f"| {r['round']} | {r['setting']} | {r['wall_s']:.0f} s | {r['load_before']:.2f} → "
-                       f"{r['load_after']:.2f} | {_mark(r['speed_mark_us'])}{ratio} |")
+                       f"{r['load_after']:.2f} | {_mark(r['speed_mark_us'])}{ratio} | {engine} |")
         shorts = [f[1] for f in REPEAT_FIGURES]
         out += ["", "Per setting and figure: the prediction's error against the real runs' median, how many "
                 "real runs its interval covers, the real runs' spread ((max − min) / median); ✓ / ✗ before the "
                 "error: its target met or missed; after the count: the interval's (≥ 80 % of the runs covered, no "
-                "wider than 2× their spread).", "",
+                "wider than 2× their spread); `engine` (seconds): the error left once the prediction is carried to "
+                "the real runs' engine speed (their median decode-step ratio to the recording's).", "",
                 "| setting | " + " | ".join(shorts) + " |", "|---|" + "---|" * len(shorts)]
         for setting in dict.fromkeys(f["setting"] for f in rep["figures"]):
             cells = [_cell(f) for f in rep["figures"] if f["setting"] == setting]
@@ -635,6 +729,8 @@ def _cell(f: dict) -> str:
         text += f" · {f['covered']}/{len(f['reals'])}" + {True: " ✓", False: " ✗", None: ""}[f["interval_ok"]]
     if f["rel_range"] is not None:
         text += f" · spread {f['rel_range'] * 100:.0f}%"
+    if f.get("error_at_engine") is not None:
+        text += f" · engine {_pct(f['error_at_engine'])}"
     return text
 
 
@@ -717,6 +813,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, metavar="K",
                    help="run the recorded setting and each changed one for real K times each, alternated, and "
                         "report the real spread beside each prediction (no replay-speed part)")
+    p.add_argument("--rejudge", type=Path, nargs="+", metavar="JSON",
+                   help="judge saved --repeats reports (--json files) again, each run's engine speed read from "
+                        "its run directory; with --write-doc, the tables from them (--when: when they were run)")
+    p.add_argument("--when", help="with --rejudge: when the saved runs were measured, for the doc's first line")
     p.add_argument("--stand-in", action="store_true",
                    help="with --repeats: a virtual-clock stand-in (vLLM's Scheduler, a known step cost) instead of "
                         "real engines; deterministic, zero spread")
@@ -750,8 +850,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats: at least 1")
     if (args.stand_in or args.no_profile) and args.repeats is None:
         p.error("--stand-in and --no-profile go with --repeats K")
-    if args.write_doc and args.repeats is None and not args.coverage:
-        p.error("--write-doc goes with --repeats K or --coverage")
+    if args.write_doc and args.repeats is None and not args.coverage and not args.rejudge:
+        p.error("--write-doc goes with --repeats K, --rejudge or --coverage")
+    if args.rejudge and (args.repeats is not None or args.coverage or args.quick or args.speed_only):
+        p.error("--rejudge excludes --repeats, --coverage, --quick and --speed-only")
+    if args.when and not args.rejudge:
+        p.error("--when goes with --rejudge")
     if args.coverage and (args.repeats is not None or args.quick or args.speed_only):
         p.error("--coverage excludes --repeats, --quick and --speed-only")
     if args.coverage_rows is not None and not args.coverage:
@@ -774,6 +878,15 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--coverage-rows: {e}")
         parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-coverage-"))
         report["coverage"] = [r.to_dict() for r in coverage.run(rows, parent, args.write_doc)]
+    elif args.rejudge:
+        saved = [r for path in args.rejudge for r in json.loads(path.read_text())["repeats"]]
+        parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-rejudge-"))
+        report["repeats"] = [with_engine_speed(r, parent) for r in saved]
+        for r in report["repeats"]:
+            print_repeats(r)
+        if args.write_doc:
+            write_doc(args.write_doc, repeats_markdown(report["repeats"], args.when or "(when: not given)", None))
+            print(f"\nwrote the repeats tables into {args.write_doc}")
     elif args.repeats is not None:
         parent = args.out or Path(tempfile.mkdtemp(prefix="bench-whatif-repeats-"))
         load_start = os.getloadavg()[0]

@@ -91,7 +91,7 @@ def test_compare_says_how_much_of_a_wall_clock_difference_is_the_machine():
     from vllm_probe.tui.compare_view import render
 
     data = comparison(list(_pair((1000.0, 1300.0))))
-    assert data["machine"] == {"speed_mark_us": [1000.0, 1300.0], "ratio": [1.3]}
+    assert data["machine"] == {"speed_mark_us": [1000.0, 1300.0], "ratio": [1.3], "decode_ratio": [None]}
     rows = {r["figure"]: r for r in data["figures"]}
     ttft = rows["TTFT median"]["deltas"][0]
     assert ttft["rel"] == pytest.approx(0.43, abs=1e-12)

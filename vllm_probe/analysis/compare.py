@@ -36,6 +36,7 @@ table is drawn by :mod:`vllm_probe.tui.compare_view`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -243,6 +244,30 @@ def machine_ratio(base: Summary, other: Summary) -> float | None:
     return b / a if a and b else None
 
 
+def decode_ratio(base: Summary, other: Summary) -> float | None:
+    """How much slower ``other``'s engine ran its decode-only steps than ``base``'s, at the
+    same decode batch (:attr:`~vllm_probe.analysis.summary_types.SpeedMark.decode_steps`):
+    the geometric mean of the per-batch ratios of the median periods, each batch weighted
+    by the fewer of its two step counts (1.30: 30 % slower). None when the runs share no
+    batch (a simulated run has its model's steps; a run that never decoded alone has none).
+
+    The engine's own speed, where :func:`machine_ratio` is a fixed computation beside it:
+    on these 2-core hosts the two moved apart (reruns of one setting: decode steps 30–37 %
+    slower than the recording's at the same batch while the fixed mark read ×0.99–1.16,
+    docs/whatif.md). A decode step also grows with its requests' context: runs whose
+    settings change the contexts at a batch compare less cleanly than reruns."""
+    theirs = {d.batch: d for d in other.speed_mark.decode_steps}
+    num = den = 0.0
+    for mine in base.speed_mark.decode_steps:
+        o = theirs.get(mine.batch)
+        if o is None or mine.median_us <= 0 or o.median_us <= 0:
+            continue
+        w = min(mine.steps, o.steps)
+        num += w * math.log(o.median_us / mine.median_us)
+        den += w
+    return math.exp(num / den) if den else None
+
+
 #: Units of wall-clock figures that are rates (more per second): a slower host divides them.
 RATE_UNITS = ("tokens/s",)
 
@@ -399,7 +424,8 @@ def comparison(summaries: list[Summary]) -> dict[str, Any]:
         "command_differences": command_differences(summaries),
         "expected_differences": expected_differences(summaries),
         "noise": {"itl_spread": [itl_spread(s) for s in summaries], "threshold": thresholds, "same_decisions": same},
-        "machine": {"speed_mark_us": [s.speed_mark.mark_us for s in summaries], "ratio": ratios},
+        "machine": {"speed_mark_us": [s.speed_mark.mark_us for s in summaries], "ratio": ratios,
+                    "decode_ratio": [decode_ratio(base, s) for s in summaries[1:]]},
         "steps_comparable": comparable,
         "predictions": [is_prediction(s) for s in summaries],
         "figures": figures,

@@ -235,6 +235,10 @@ class EngineState:
     #: exact histogram of the steps' ``(scheduled_tokens, token_budget)`` (absent: 0) -> steps;
     #: its size is bounded by the distinct pairs, not by the number of steps
     step_tokens: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: exact histogram of the periods between two consecutive decode-only steps of the same
+    #: decode batch: ``(decode requests, period in DECODE_PERIOD_US buckets)`` -> steps (the
+    #: engine's own speed mark, :class:`~vllm_probe.analysis.summary_types.SpeedMark`)
+    decode_periods: dict[tuple[int, int], int] = field(default_factory=dict)
     stepping_since: float | None = None  # earliest step start (ts - schedule_us), epoch s
     last_step_ts: float | None = None  # latest ts of a step event, epoch s
     #: the preemption counters (preempt events, the steps' lists, tokens discarded and

@@ -13,6 +13,11 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from collections.abc import Iterable, Mapping
 
+#: Resolution of the decode-step period histogram (µs; :attr:`~vllm_probe.analysis.
+#: engine_state.EngineState.decode_periods`): 0.5 % of a 2 ms decode step.
+DECODE_PERIOD_US = 10
+DECODE_PERIOD_BUCKETS_PER_S = 1_000_000 // DECODE_PERIOD_US
+
 #: Names of the limits :func:`bound_by` can return, in tie-break order.
 LIMITS = ("token_budget", "max_num_seqs", "kv_cache", "none")
 

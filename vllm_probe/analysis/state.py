@@ -22,7 +22,7 @@ from ..schema.records import STRUCTS
 from .engine_state import (
     KNOWN_REASONS, FINISHED_KEEP, OTHER_REASON, STEP_WINDOW, EngineState, StepRecord, count_value,
 )
-from .figures import chunk_reread_tokens, preempt_reason, share
+from .figures import DECODE_PERIOD_BUCKETS_PER_S, chunk_reread_tokens, preempt_reason, share
 from .timeline import FULL_BUDGET_SHARE, MAX_SPANS
 from .requests import DECODE, FINISHED, PREEMPTED, PREFILL, RequestState
 
@@ -250,6 +250,7 @@ class RunState:
         timeline.left -= 1
         if step > last_step:
             eng.last_step = step
+        prev = eng.latest
         eng.latest = ev
         eng.steps += 1
         scheduled = ev.scheduled_tokens or 0
@@ -314,6 +315,12 @@ class RunState:
         key = (scheduled, budget_or_0)
         hist = eng.step_tokens
         hist[key] = hist.get(key, 0) + 1
+        if decode and not prefill and prev is not None and not prev.prefill_tokens:
+            batch = ev.decode_reqs
+            if batch and batch == prev.decode_reqs and ts > prev.ts:
+                key = (batch, int((ts - prev.ts) * DECODE_PERIOD_BUCKETS_PER_S + 0.5))  # to the nearest 10 µs
+                hist = eng.decode_periods
+                hist[key] = hist.get(key, 0) + 1
         self._step_end(eng, ev, step, ts, schedule_us)
 
     def _step_end(self, eng: EngineState, ev: Any, step: int, ts: float, schedule_us: float) -> None:

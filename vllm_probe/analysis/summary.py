@@ -231,7 +231,8 @@ def _build(state: RunState, fin: FinishedRequests, stats: ReadStats, run_dir: st
     s.probe_dropped_events = sum(eng.events_dropped for eng in engines)
     s.probe_hooks_disabled = sorted({h for eng in engines for h in eng.hooks_disabled})
     s.probe_hook_errors = sum(eng.hook_errors for eng in engines)
-    s.speed_mark = SpeedMark.of([e.speed_mark_start_us for e in engines], [e.speed_mark_end_us for e in engines])
+    s.speed_mark = SpeedMark.of([e.speed_mark_start_us for e in engines], [e.speed_mark_end_us for e in engines],
+                                [e.decode_periods for e in engines])
     return s
 
 

@@ -89,7 +89,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from collections.abc import Iterable
 
-from .figures import Distribution
+from .figures import DECODE_PERIOD_US, Distribution
 
 #: Keys of ``engine_config`` shown as the effective configuration (in this order).
 CONFIG_KEYS = (
@@ -223,11 +223,35 @@ class LatencyClasses:
     classes: list[LatencyClass] = field(default_factory=list)  # every class, empty ones included
 
 
+#: Fewest periods of one decode batch for its :attr:`SpeedMark.decode_steps` row (30).
+DECODE_MARK_MIN_STEPS = 30
+
+
+@dataclass
+class DecodeSteps:
+    """The engine's decode speed at one batch: the periods between two consecutive
+    decode-only steps (no prefill in either) with ``batch`` decode requests each.
+
+    Attributes:
+        batch: decode requests in each of the two steps.
+        steps: periods measured (step pairs).
+        median_us: their median (µs, at
+            :data:`~vllm_probe.analysis.figures.DECODE_PERIOD_US` resolution).
+    """
+
+    batch: int
+    steps: int
+    median_us: float
+
+
 @dataclass
 class SpeedMark:
     """How fast the run's host ran the probe's fixed reference computation
     (:mod:`vllm_probe.engine.speed`): µs per pass, lower is faster; None where not recorded
-    (an older probe, a simulated run, an engine core killed before its end's mark)."""
+    (an older probe, a simulated run, an engine core killed before its end's mark). And
+    the engine's own decode speed (:attr:`decode_steps`): what the engine, not a fixed
+    computation beside it, took for the same work; a host whose other core is busy can
+    slow a two-thread engine and leave the one-thread mark as it was."""
 
     start_us: float | None = None  # when the probes started (before the first step): median over engine cores
     end_us: float | None = None  # at the end (stop signal or exit): median over engine cores
@@ -238,14 +262,21 @@ class SpeedMark:
     #: reference took 25 % longer at the end than at the start)
     change: float | None = None
     engines: int = 0  # engine cores with at least one mark
+    #: per decode batch with at least :data:`DECODE_MARK_MIN_STEPS` periods, every engine
+    #: core together, by batch (a replay's are its step-time model's)
+    decode_steps: list[DecodeSteps] = field(default_factory=list)
 
     @classmethod
-    def of(cls, starts: Iterable[float | None], ends: Iterable[float | None]) -> SpeedMark:
-        """The run's mark from each engine core's start and end marks (µs; None: not recorded)."""
+    def of(cls, starts: Iterable[float | None], ends: Iterable[float | None],
+           periods: Iterable[dict[tuple[int, int], int]] = ()) -> SpeedMark:
+        """The run's mark from each engine core's start and end marks (µs; None: not
+        recorded) and its decode periods (each engine core's
+        :attr:`~vllm_probe.analysis.engine_state.EngineState.decode_periods`)."""
         pairs = list(zip(starts, ends))
         known_starts = [a for a, _ in pairs if a is not None]
         known_ends = [b for _, b in pairs if b is not None]
         m = cls(engines=sum(1 for a, b in pairs if a is not None or b is not None))
+        m.decode_steps = _decode_steps(periods)
         m.start_us = Distribution.of(known_starts).median if known_starts else None
         m.end_us = Distribution.of(known_ends).median if known_ends else None
         if m.start_us and m.end_us:
@@ -254,6 +285,29 @@ class SpeedMark:
         else:
             m.mark_us = m.start_us or m.end_us
         return m
+
+
+def _decode_steps(periods: Iterable[dict[tuple[int, int], int]]) -> list[DecodeSteps]:
+    """:attr:`SpeedMark.decode_steps` from the engine cores' period histograms (each
+    period rounded to :data:`~vllm_probe.analysis.figures.DECODE_PERIOD_US`)."""
+    by_batch: dict[int, dict[int, int]] = {}
+    for hist in periods:
+        for (batch, bucket), n in hist.items():
+            counts = by_batch.setdefault(batch, {})
+            counts[bucket] = counts.get(bucket, 0) + n
+    out = []
+    for batch in sorted(by_batch):
+        counts = by_batch[batch]
+        total = sum(counts.values())
+        if total < DECODE_MARK_MIN_STEPS:
+            continue
+        seen = 0
+        for bucket in sorted(counts):
+            seen += counts[bucket]
+            if 2 * seen >= total:
+                out.append(DecodeSteps(batch, total, float(bucket * DECODE_PERIOD_US)))
+                break
+    return out
 
 
 @dataclass

@@ -89,9 +89,14 @@ def machine_line(machine: dict[str, Any]) -> Text:
             said.append(f"[{i + 2}] unknown")
         else:
             said.append(f"[{i + 2}] ×{ratio:.2f} of [1]'s ({signed_pct(ratio - 1)} seconds for the same work)")
-    return Text("Machine-speed mark (µs of the probe's fixed computation on each run's host, lower is faster): "
-                + ", ".join(f"[{i + 1}] {figure(m, 'µs')}" for i, m in enumerate(marks)) + "; " + ", ".join(said)
-                + ": a wall-clock delta up to that much is the host's, not the settings'.", style="dim")
+    text = ("Machine-speed mark (µs of the probe's fixed computation on each run's host, lower is faster): "
+            + ", ".join(f"[{i + 1}] {figure(m, 'µs')}" for i, m in enumerate(marks)) + "; " + ", ".join(said)
+            + ": a wall-clock delta up to that much is the host's, not the settings'.")
+    engine = [f"[{i + 2}] ×{r:.2f}" for i, r in enumerate(machine.get("decode_ratio") or []) if r is not None]
+    if engine:
+        text += (" The engine's own decode steps at equal batch, against [1]'s: " + ", ".join(engine)
+                 + " (where this differs from the mark, the engine's speed moved beside the host's).")
+    return Text(text, style="dim")
 
 
 def render(summaries: list[Summary]) -> RichGroup:
