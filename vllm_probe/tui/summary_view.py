@@ -107,14 +107,19 @@ def latency_class_parts(s: Summary) -> list[Any]:
 
 def _speed_mark(s: Summary) -> str:
     """The machine-speed marks (µs of the probe's fixed computation, lower is faster) at the
-    start and the end of the run: ``1.65 → 1.20 ms`` (the unit once when both share it)."""
+    start and the end of the run: ``1.65 → 1.20 ms`` (the unit once when both share it),
+    then the engine's median decode step at its most measured batch."""
     m = s.speed_mark
+    decode = ""
+    if m.decode_steps:  # the engine's own gauge: its most measured decode batch
+        d = max(m.decode_steps, key=lambda d: d.steps)
+        decode = f"decode step {figure(d.median_us, 'µs')} at batch {d.batch}"
     if m.start_us is None and m.end_us is None:
-        return "not recorded"
+        return f"not recorded · {decode}" if decode else "not recorded"
     start, end = figure(m.start_us, "µs"), figure(m.end_us, "µs")
     if start.split(" ")[-1] == end.split(" ")[-1] != UNKNOWN:
         start = start.rsplit(" ", 1)[0]
-    return f"{start} → {end}"
+    return f"{start} → {end}" + (f" · {decode}" if decode else "")
 
 
 def render(s: Summary, width: int = 120, engines: list | None = None) -> Group:
