@@ -42,9 +42,21 @@ ENGINE_FIELD = "recomputed_token_executions"
 VLLM_METRIC = "vllm:recomputed_token_executions_total"
 
 
+#: record type -> whether it has :data:`ENGINE_FIELD` (a record type's fields are fixed:
+#: asking each step costs an AttributeError raised and caught inside ``getattr``)
+_TYPE_HAS_FIELD: dict[type, bool] = {}
+
+
 def engine_count(ev: Any) -> int | None:
     """vLLM's own recomputed-token count of a ``step`` record: :data:`ENGINE_FIELD` when it
     is a non-negative int, else None (a probe or a vLLM release without it)."""
+    has = _TYPE_HAS_FIELD.get(type(ev))
+    if has is None:
+        fields = getattr(type(ev), "__struct_fields__", None)  # a record type; other objects: each asked
+        if fields is not None:
+            has = _TYPE_HAS_FIELD[type(ev)] = ENGINE_FIELD in fields
+    if has is False:
+        return None
     value = getattr(ev, ENGINE_FIELD, None)
     return value if type(value) is int and value >= 0 else None
 

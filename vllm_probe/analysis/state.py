@@ -250,8 +250,6 @@ class RunState:
         timeline.left -= 1
         if step > last_step:
             eng.last_step = step
-        prev = eng.latest
-        eng.latest = ev
         eng.steps += 1
         scheduled = ev.scheduled_tokens or 0
         budget = ev.token_budget
@@ -315,17 +313,20 @@ class RunState:
         key = (scheduled, budget_or_0)
         hist = eng.step_tokens
         hist[key] = hist.get(key, 0) + 1
-        if decode and not prefill and prev is not None and not prev.prefill_tokens:
+        self._step_end(eng, ev, step, ts, schedule_us)
+
+    def _step_end(self, eng: EngineState, ev: Any, step: int, ts: float, schedule_us: float) -> None:
+        """The rest of a step event: its timing (``schedule_us`` in µs, ``ts`` in seconds),
+        the period since the step before when both only decoded, the requests it finished
+        and the first tokens it delivered."""
+        prev = eng.latest
+        eng.latest = ev
+        if ev.decode_tokens and not ev.prefill_tokens and prev is not None and not prev.prefill_tokens:
             batch = ev.decode_reqs
             if batch and batch == prev.decode_reqs and ts > prev.ts:
                 key = (batch, int((ts - prev.ts) * DECODE_PERIOD_BUCKETS_PER_S + 0.5))  # to the nearest 10 µs
                 hist = eng.decode_periods
                 hist[key] = hist.get(key, 0) + 1
-        self._step_end(eng, ev, step, ts, schedule_us)
-
-    def _step_end(self, eng: EngineState, ev: Any, step: int, ts: float, schedule_us: float) -> None:
-        """The rest of a step event: its timing (``schedule_us`` in µs, ``ts`` in seconds),
-        the requests it finished and the first tokens it delivered."""
         if schedule_us > eng.schedule_us_max:
             eng.schedule_us_max = schedule_us
         start = ts - schedule_us * 1e-6
