@@ -118,3 +118,6 @@ def test_compare_without_marks_says_the_machine_is_unknown():
         assert rows["TTFT median"]["deltas"][0]["beyond_machine"] is None
     text = _render(render(list(_pair((None, None)))), 220)
     assert "Machine-speed mark: not recorded in these runs" in text and "machine ×" not in text
+    for marks, which in (((1000.0, None), "[2]"), ((None, 1000.0), "[1]")):
+        text = " ".join(_render(render(list(_pair(marks))), 220).split())
+        assert f"[2] against [1] unknown ({which} has none)." in text and "is the host's" not in text

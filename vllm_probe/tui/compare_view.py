@@ -85,13 +85,15 @@ def machine_line(machine: dict[str, Any]) -> Text:
                     "a difference in seconds is the machine's is unknown.", style="dim")
     said = []
     for i, ratio in enumerate(ratios):
-        if ratio is None:
-            said.append(f"[{i + 2}] unknown")
+        if ratio is None:  # one of the two has no mark: say which, not just "unknown"
+            missing = "[1]" if marks[0] is None else f"[{i + 2}]"
+            said.append(f"[{i + 2}] against [1] unknown ({missing} has none)")
         else:
             said.append(f"[{i + 2}] ×{ratio:.2f} of [1]'s ({signed_pct(ratio - 1)} seconds for the same work)")
     text = ("Machine-speed mark (µs of the probe's fixed computation on each run's host, lower is faster): "
             + ", ".join(f"[{i + 1}] {figure(m, 'µs')}" for i, m in enumerate(marks)) + "; " + ", ".join(said)
-            + ": a wall-clock delta up to that much is the host's, not the settings'.")
+            + (": a wall-clock delta up to that much is the host's, not the settings'."
+               if any(r is not None for r in ratios) else "."))
     engine = [f"[{i + 2}] ×{r:.2f}" for i, r in enumerate(machine.get("decode_ratio") or []) if r is not None]
     if engine:
         text += (" The engine's own decode steps at equal batch, against [1]'s: " + ", ".join(engine)
