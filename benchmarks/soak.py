@@ -246,7 +246,9 @@ class Disk:
     total: int = 0  # every file
     events: int = 0  # event segments (events-*), .gz.tmp included
     in_transit: int = 0  # closed .jsonl segments not yet gzipped, and their .gz.tmp
+    waiting: int = 0  # closed .jsonl segments not yet gzipped
     segments: int = 0  # event segment files
+    names: list[str] = field(default_factory=list)  # event files (events-*), sorted
 
 
 def dir_bytes(path: Path) -> Disk:
@@ -270,6 +272,7 @@ def dir_bytes(path: Path) -> Disk:
         if not e.name.startswith("events-"):
             continue
         d.events += size
+        d.names.append(e.name)
         if e.name.endswith(".gz.tmp"):
             d.in_transit += size
             continue
@@ -280,6 +283,8 @@ def dir_bytes(path: Path) -> Disk:
     for segs in plain.values():
         segs.sort()
         d.in_transit += sum(size for _, size in segs[:-1])
+        d.waiting += len(segs) - 1
+    d.names.sort()
     return d
 
 
@@ -298,6 +303,7 @@ class Archive:
         self.started = time.monotonic()
         self.max_events_at = 0.0  # s since the archive started
         self.max_events_files: list[str] = []
+        self.max_events_waiting = 0  # closed segments not yet gzipped at that peak
         self.max_settled = 0  # event segments less those in transit (see dir_bytes)
         self.max_segments = 0
         self.engine_pid: int | None = None
@@ -308,7 +314,7 @@ class Archive:
         if d.events > self.max_events:
             # when the event files peaked, and which were on disk: says whether the keeper lagged
             self.max_events, self.max_events_at = d.events, time.monotonic() - self.started
-            self.max_events_files = sorted(e.name for e in os.scandir(self.run_dir) if e.name.startswith("events-"))
+            self.max_events_files, self.max_events_waiting = d.names, d.waiting
         self.max_settled = max(self.max_settled, d.events - d.in_transit)
         self.max_segments = max(self.max_segments, d.segments)
         try:
@@ -666,19 +672,16 @@ def run_soak(cfg: SoakConfig, progress=print) -> dict[str, Any]:
     result["samples"] = samples
     result["disk"] = {"max_bytes": archive.max_bytes, "max_mib": round(archive.max_bytes / MIB, 3),
                       "max_event_bytes": archive.max_events, "max_event_at_s": round(archive.max_events_at, 1),
-                      "max_event_files": archive.max_events_files, "max_settled_bytes": archive.max_settled,
+                      "max_event_files": archive.max_events_files,
+                      "max_event_waiting": archive.max_events_waiting, "max_settled_bytes": archive.max_settled,
                       "max_files": archive.max_segments, "final_bytes": final.total,
                       "final_in_transit_bytes": final.in_transit,
                       "segments_seen": len(archive.linked), "segments_missed": archive.missing_segments(),
                       "segments_removed": archive.removed()}
-    bound = transient = None
+    bound = None
     if cfg.segments and cfg.keep_mb is not None and cfg.max_segment_mb is not None:
         bound = (cfg.keep_mb + cfg.max_segment_mb) * MIB
-        # while the keeper gzips a closed segment, it and its partial .gz.tmp are on disk too
-        # (one segment's worth when the keeper keeps up)
-        transient = bound + 2 * cfg.max_segment_mb * MIB
     result["disk"]["bound_bytes"] = bound
-    result["disk"]["transient_bound_bytes"] = transient
     warm = cfg.warmup_s()
     result["warmup_s"] = warm
     result["rss"] = {"engine": growth(samples, "engine_rss_mib", warm),
@@ -736,17 +739,6 @@ def checks(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _waiting(names: list[str]) -> int:
-    """Closed segments not yet gzipped among a run directory's event file ``names``: every
-    plain ``.jsonl`` of an engine core but its highest-numbered (the open one)."""
-    plain: dict[int, int] = {}
-    for name in names:
-        m = _SEGMENT.match(name)
-        if m and not m.group(3):
-            plain[int(m.group(1))] = plain.get(int(m.group(1)), 0) + 1
-    return sum(n - 1 for n in plain.values())
-
-
 def _rss_text(m: dict[str, Any]) -> str:
     """One process's RSS after warm-up: ``baseline -> end MiB (growth, slope MiB/h)``."""
     growth = "-" if m["growth"] is None else f"{m['growth'] * 100:+.1f} %"
@@ -756,7 +748,6 @@ def _rss_text(m: dict[str, Any]) -> str:
 def table(r: dict[str, Any]) -> str:
     """The result as a plain-text table."""
     c, a, d, rss = r["client"], r["archive"], r["disk"], r["rss"]
-    waiting = _waiting(d.get("max_event_files", []))
     rows = [
         ("load time", f"{r.get('load_s', 0) / 60:.1f} min (warm-up {r['warmup_s'] / 60:.1f} min)"),
         ("settings", json.dumps(r["settings"]) if r["settings"] else "(no segment limits)"),
@@ -772,8 +763,8 @@ def table(r: dict[str, Any]) -> str:
         ("segments seen / removed by retention", f"{d['segments_seen']} / {d['segments_removed']} "
                                                  f"(at most {d['max_files']} in the run dir)"),
         ("disk max: run dir / event files", f"{d['max_mib']:.2f} / {d['max_event_bytes'] / MIB:.2f} MiB (at "
-                                            f"{d.get('max_event_at_s', 0):.0f} s; {waiting} closed segments waiting "
-                                            "for gzip)"),
+                                            f"{d.get('max_event_at_s', 0):.0f} s; {d.get('max_event_waiting', 0)} "
+                                            "closed segments waiting for gzip)"),
         ("disk max settled / bound", f"{d['max_settled_bytes'] / MIB:.2f} MiB / "
                                      + ("-" if d["bound_bytes"] is None else f"{d['bound_bytes'] / MIB:.2f} MiB")),
         ("engine core RSS after warm-up", _rss_text(rss["engine"])),
