@@ -78,3 +78,30 @@ def test_a_closed_loop_client_is_replayed_per_finish_as_whatif_does(tmp_path):
         base = ev.baseline.summary
     w = predict(run, [], out=tmp_path / "whatif").baseline.summary
     assert (base.steps, base.latency.ttft_s.p90) == (w.steps, w.latency.ttft_s.p90)
+
+
+def test_replays_run_one_after_another_share_one_deadline(run, monkeypatch):
+    """A round of three points replayed in this process: each replay's time limit is what is
+    left of the deadline when it starts, not what was left when the round was planned (three
+    replays each given the whole remainder overran a 30 s doctor budget by half)."""
+    import time
+
+    import vllm_probe.sim.replay as replay_mod
+    from vllm_probe.advice.evaluate import Evaluator
+    from vllm_probe.sim.replay import TIME_LIMIT_STOP, ReplayTimeLimit
+
+    clock = [1_000_000.0]
+    limits = []
+
+    def thirty_seconds_each(*args, time_limit_s=None, **kwargs):
+        limits.append(time_limit_s)
+        clock[0] += 30.0
+        raise ReplayTimeLimit(0, 30.0)
+
+    with Evaluator(run) as ev:
+        monkeypatch.setattr(time, "time", lambda: clock[0])
+        monkeypatch.setattr(replay_mod, "replay", thirty_seconds_each)
+        ev.deadline = time.monotonic() + 100.0
+        evs = ev.evaluate(POINTS[:2] + [{"max_num_seqs": 8}])
+    assert [round(x) for x in limits] == [100, 70, 40]
+    assert all(e.error.startswith(TIME_LIMIT_STOP) for e in evs)

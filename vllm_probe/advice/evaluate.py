@@ -290,7 +290,7 @@ class Evaluator:
             checked = self.plan.check({})
             task = self.plan.task({}, self.out / f"speed-{factor:.3f}", checked=checked,
                                   model=dataclasses.replace(self.model, scale=self.model.scale * factor))
-            task.time_limit_s = self._time_limit()
+            task.stop_at = self._stop_at()
             ev = _evaluate_task(task, (), False)
             self.replays += 1
             return ev.figures if ev.ok else None
@@ -329,12 +329,13 @@ class Evaluator:
             self._cuts[key] = child
         return self._cuts[key]
 
-    def _time_limit(self) -> float | None:
-        """Seconds left before the deadline (this evaluator's, else its parent's); None: none."""
+    def _stop_at(self) -> float | None:
+        """The deadline (this evaluator's, else its parent's) as a ``time.time()``, the clock a
+        replay task reads when it starts, in this process or a worker; None: none."""
         e: Evaluator | None = self
         while e is not None and e.deadline is None:
             e = e.parent
-        return None if e is None or e.deadline is None else max(0.0, e.deadline - time.monotonic())
+        return None if e is None or e.deadline is None else time.time() + (e.deadline - time.monotonic())
 
     def _tasks(self, points: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
         from ..sim.engine_args import SettingError
@@ -363,9 +364,9 @@ class Evaluator:
         more = tuple(tuple(sorted(x)) for x in subsets if x)
         planned = self._tasks(points)
         runnable = [t for t, _ in planned if t is not None]
-        limit = self._time_limit()  # after planning: vLLM's checks import its config modules (seconds, once)
-        for t in runnable:
-            t.time_limit_s = limit
+        stop_at = self._stop_at()
+        for t in runnable:  # each replay's limit is what is left when it starts, not when the batch was planned
+            t.stop_at = stop_at
         args = [(t, subset, self.keep if keep is None else keep, more) for t in runnable]
         if self._ray is not None:
             results = self._ray_map(args)

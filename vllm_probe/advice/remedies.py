@@ -259,7 +259,7 @@ def _baseline_failed(error: EvaluateError, evaluator: Evaluator, budget_s: float
     what = (f"steps {evaluator.stretch.first_step:,}-{evaluator.stretch.last_step:,}" if evaluator.stretch is not None
             else "the whole run")
     est = f" (reached step {done:,} of {total:,}: about {secs * total / done:,.0f} s per replay)" if done else ""
-    return (f"replaying {what} at the recorded settings did not fit the search's budget of {budget_s:g} s{est}; "
+    return (f"replaying {what} at the recorded settings did not fit the search's budget of {budget_s:.3g} s{est}; "
             "the remedy is the arithmetic, unchecked; --budget S searches longer")
 
 

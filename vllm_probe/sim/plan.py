@@ -344,7 +344,9 @@ class ReplayTask:
     source: str
     command: list[str]
     closed: tuple[int, float] | None = None
-    time_limit_s: float | None = None
+    #: ``time.time()`` after which the replay stops (:class:`~vllm_probe.sim.replay.ReplayTimeLimit`);
+    #: a time, not a duration, so that tasks run one after another share one deadline. None: no limit.
+    stop_at: float | None = None
     #: the data-parallel rank replayed (its events carry it); None: a run of one rank
     rank: int | None = None
 
@@ -417,7 +419,8 @@ def _replay_into(task: ReplayTask, run_dir: Path) -> None:
     task.model.reset_counts()
     try:
         stats = replay(task.workload, task.spec, task.model.predict, target, mode=task.mode, config_overlay=overlay,
-                       closed=task.closed, time_limit_s=task.time_limit_s)
+                       closed=task.closed,
+                       time_limit_s=None if task.stop_at is None else max(0.0, task.stop_at - time.time()))
     finally:
         sink.close()
     if sink.dropped:

@@ -298,14 +298,15 @@ def replay(
             its own recorded ``think_s`` later (else ``think_s``). None: the workload's own
             clients (``Workload.clients``, each request's ``client``), the other requests
             at their recorded times.
-        time_limit_s: stop after this many wall seconds (looked at every
-            :data:`CLOCK_EVERY` steps; None: no limit).
+        time_limit_s: stop after this many wall seconds from the call, building the
+            scheduler included (looked at every :data:`CLOCK_EVERY` steps; None: no limit).
 
     Raises:
         ReplayError: the scheduler stopped making progress (a request that never fits).
         ReplayTimeLimit: ``time_limit_s`` ran out.
         ImportError: vLLM is not installed.
     """
+    called = time.perf_counter()
     import vllm
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
@@ -332,7 +333,8 @@ def replay(
         spec = as_recorded(spec, w.config)
         sched = make_scheduler(spec, scheduler_cls)
         return _loop(w, sched, step_time, clock, mode, w.lag_s() if lag_s is None else lag_s,
-                     _request_factory(w, spec, prompts), depth, max_steps, RequestStatus, closed, time_limit_s)
+                     _request_factory(w, spec, prompts), depth, max_steps, RequestStatus, closed,
+                     None if time_limit_s is None else time_limit_s - (time.perf_counter() - called))
     finally:
         patches.uninstall(Scheduler)
         if previous is not None:
