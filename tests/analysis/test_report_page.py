@@ -219,7 +219,8 @@ def test_a_whatif_folder_reads_back_with_intervals_recorded_and_real_points(tmp_
     out = tmp_path / "whatif"
     base_settings = {"max_num_seqs": 2, "max_num_batched_tokens": 100, "num_kv_blocks": 64}
     _replay_dir(out, "baseline", scenario_preempt(), base_settings, {}, rec)
-    _replay_dir(out, "baseline-constant-speed", scenario_chunked(), base_settings, {}, rec)
+    for speed in ("baseline-recorded-speed", "baseline-slowest-speed", "baseline-fastest-speed"):
+        _replay_dir(out, speed, scenario_chunked(), base_settings, {}, rec)  # the intervals' replays: no setting
     iv = {"ttft_p90": {"lo": 0.1, "hi": 0.4, "from": "drift"}, "bad": {"lo": "x"}}
     _replay_dir(out, "max_num_seqs=4", scenario_chunked(), {**base_settings, "max_num_seqs": 4}, {"max_num_seqs": 4},
                 rec, iv)

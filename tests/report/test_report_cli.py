@@ -128,3 +128,16 @@ def test_the_page_shows_the_plan_of_a_saved_doctor_json_else_the_arithmetic(tmp_
     bad.write_text("[]")
     r = run_cli("report", str(run), "--doctor", str(bad), "-o", str(tmp_path / "x.html"))
     assert r.returncode == 2 and "not the output of `vllm-probe doctor --json`" in r.stderr
+    # saved from another working directory: the run directory's name is the run's
+    rel = tmp_path / "relative.json"
+    rel.write_text(json.dumps({"run_dir": "run", "plan": plan, "findings": []}))
+    r = run_cli("report", str(run), "--doctor", str(rel), "-o", str(tmp_path / "rel.html"))
+    assert r.returncode == 0, r.stderr
+    assert "--num-gpu-blocks-override 225" in (tmp_path / "rel.html").read_text()
+    other = tmp_path / "other.json"  # another run's doctor is refused, not dropped without a word
+    other.write_text(json.dumps({"run_dir": str(tmp_path / "elsewhere"), "plan": plan, "findings": []}))
+    r = run_cli("report", str(run), "--doctor", str(other), "-o", str(tmp_path / "o.html"))
+    assert r.returncode == 2 and f"a doctor of {tmp_path / 'elsewhere'}, none of this report's runs" in r.stderr
+    r = run_cli("report", str(run), "--doctor", str(tmp_path / "missing.json"), "-o", str(tmp_path / "m.html"))
+    assert r.returncode == 2 and r.stderr.strip().endswith(f"{tmp_path / 'missing.json'}: no such file or directory")
+    assert not (tmp_path / "o.html").exists() and not (tmp_path / "m.html").exists()

@@ -131,6 +131,7 @@ def test_whatif_replays_every_rank_with_its_own_requests(dp_run, tmp_path):
     for r, ids in ((0, RANK0), (1, RANK1)):
         res = d["ranks"][r]
         assert res["baseline"]["run_dir"] == str(tmp_path / f"rank{r}" / "baseline")
+        assert json.loads((tmp_path / f"rank{r}" / "whatif.json").read_text()) == res
         evs = events_of(res["baseline"]["run_dir"])
         assert {ev.engine for ev in evs} == {r}  # the replay's events carry the rank replayed
         assert {ev.req_id for ev in evs if ev.kind == "request_added"} == ids

@@ -173,6 +173,8 @@ def test_whatif_shows_its_progress_per_setting(run, tmp_path):
     said = [ln for ln in cli.stderr.splitlines() if ln.startswith("vllm-probe: replayed ")]
     assert [ln.split(":")[1].split()[1] for ln in said][:2] == ["1/" + str(len(said)), "2/" + str(len(said))]
     assert json.loads(cli.stdout)["configs"][0]["settings"]["max_num_seqs"] == 4
+    saved = tmp_path / "cli" / "whatif.json"  # what report --whatif DIR reads: the --json object itself
+    assert json.loads(saved.read_text()) == json.loads(cli.stdout) and saved.stat().st_mode & 0o777 == 0o600
 
 
 def test_the_calibration_child_writes_a_progress_line_per_group(tmp_path, monkeypatch):

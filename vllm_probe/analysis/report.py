@@ -374,11 +374,16 @@ def _settings_value(settings: Any, key: str) -> Any:
     return settings.get(key) if isinstance(settings, dict) else None
 
 
+#: Folders of ``whatif --out`` that replay the baseline at another speed (the recording's own
+#: speed over time, its slowest and fastest tenth: :mod:`vllm_probe.sim.whatif`), not a setting.
+SPEED_VARIANTS = ("baseline-recorded-speed", "baseline-slowest-speed", "baseline-fastest-speed")
+
+
 def read_whatif(path: str | Path, runs: list[RunPage] | None = None) -> Sweep:
-    """A ``whatif`` result: ``whatif --out DIR``'s directory (``baseline/`` and one
-    replayed run directory per setting, each summarized here; a ``whatif.json`` in it,
-    the ``--json`` object, is read instead when present) or a file holding the ``--json``
-    object. ``runs``: the report's runs; the one ``whatif`` replayed is the recorded
+    """A ``whatif`` result: ``whatif --out DIR``'s directory (the ``whatif.json`` whatif
+    writes in it, its ``--json`` object; in a folder without one, ``baseline/`` and one
+    replayed run directory per setting, each summarized here, without intervals) or a file
+    holding the ``--json`` object. ``runs``: the report's runs; the one ``whatif`` replayed is the recorded
     point, the others recorded at a point's changed settings are its real points.
 
     Raises:
@@ -394,8 +399,8 @@ def read_whatif(path: str | Path, runs: list[RunPage] | None = None) -> Sweep:
     entries: list[tuple[str, dict[str, Any], Path]] = []
     for sub in sorted(p for p in path.iterdir() if p.is_dir() and (p / META_FILE).is_file()):
         meta = read_meta(sub)
-        if not meta.get("simulated") or sub.name.endswith("-constant-speed"):
-            continue  # the constant-speed twin measures the drift's share, not a setting
+        if not meta.get("simulated") or sub.name.startswith(SPEED_VARIANTS):
+            continue  # the baseline at other speeds measures the intervals and the drift, not a setting
         entries.append((sub.name, meta, sub))
     if not entries:
         raise ReportInputError(f"--whatif {path}: no replayed run directory (whatif --out DIR writes them)")

@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
     from ..html.report import render, write
 
     run_dirs = [run_dir_arg(d) for d in args.run_dirs] if args.run_dirs else [run_dir_arg(None)]
-    for path in args.whatif + args.tune:
+    for path in args.whatif + args.tune + args.doctor:
         if not Path(path).exists():
             raise CliError(f"{path}: no such file or directory")
     out = args.output or str(run_dirs[0] / DEFAULT_FILE)
@@ -70,6 +70,9 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     command = ["vllm-probe", "report", *map(str, run_dirs)]
     command += [a for p in args.whatif for a in ("--whatif", p)] + [a for p in args.tune for a in ("--tune", p)]
+    command += [a for p in args.doctor for a in ("--doctor", p)]
+    if args.by:
+        command += ["--by", "prompt_len:" + ",".join(map(str, args.by))]
     page = render(runs, sweeps, command)
     try:
         write(out, page)
@@ -86,11 +89,15 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _attach_plans(runs: list, doctor_files: list[str]) -> None:
-    """Each run's plan: from a saved ``doctor --json`` whose ``run_dir`` is the run's, else
-    the rules' arithmetic (:func:`vllm_probe.advice.plan.unchecked_plan`), labelled so.
+    """Each run's plan: from the saved ``doctor --json`` of that run, else the rules'
+    arithmetic (:func:`vllm_probe.advice.plan.unchecked_plan`), labelled so. A file is the
+    run's when its ``run_dir`` is the run's directory, or, written from another working
+    directory, names a directory of the same name (run directories are named by their
+    start time and command).
 
     Raises:
-        CliError: a --doctor file that cannot be read or holds no plan.
+        CliError: a --doctor file that cannot be read, holds no plan, or is of none of the
+            report's runs.
     """
     import json
 
@@ -99,13 +106,19 @@ def _attach_plans(runs: list, doctor_files: list[str]) -> None:
     from ..advice.plan import unchecked_plan
     from ..analysis.doctor.plan import Plan
 
-    saved: dict[str, Plan] = {}
+    plans: dict[int, Plan] = {}
     for path in doctor_files:
         try:
             data = json.loads(Path(path).read_text())
-            saved[str(Path(data["run_dir"]).resolve())] = msgspec.convert(data["plan"], Plan)
+            of, plan = Path(data["run_dir"]), msgspec.convert(data["plan"], Plan)
         except (OSError, ValueError, KeyError, TypeError, msgspec.ValidationError) as e:
             raise CliError(f"--doctor {path}: not the output of `vllm-probe doctor --json` ({e})") from None
-    for r in runs:
-        r.doctor.plan = saved.get(str(Path(r.run_dir).resolve())) or unchecked_plan(
+        same = [i for i, r in enumerate(runs) if Path(r.run_dir).resolve() == of.resolve()] \
+            or [i for i, r in enumerate(runs) if Path(r.run_dir).name == of.name]
+        if len(same) != 1:
+            raise CliError(f"--doctor {path}: a doctor of {data['run_dir']}, "
+                           f"{'none' if not same else 'more than one'} of this report's runs")
+        plans[same[0]] = plan
+    for i, r in enumerate(runs):
+        r.doctor.plan = plans.get(i) or unchecked_plan(
             r.doctor.findings, "vllm-probe report does not replay; `vllm-probe doctor --json` does (--doctor FILE)")

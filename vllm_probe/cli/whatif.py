@@ -125,8 +125,31 @@ def main(args: argparse.Namespace) -> int:
             raise profile_args.refused(e) from None
         except WhatifError as e:
             raise CliError(str(e), code=EXIT_NO_EVENTS) from None
+    _save(results)
     _show(args, run_dir, lay.ids, results)
     return 0
+
+
+#: The ``--json`` object of each result, written beside its replayed runs (what
+#: ``vllm-probe report --whatif DIR`` reads: the intervals and notes as whatif gave them).
+RESULT_FILE = "whatif.json"
+
+
+def _save(results: list[Any]) -> None:
+    """Each result's ``--json`` object as ``RESULT_FILE`` in the folder its replays went to
+    (``--out``, its ``rank<N>`` folder, or the default ``RUN_DIR-whatif``), written whole, 0600."""
+    import json
+    from pathlib import Path
+
+    from ..runs.rundir import atomic_file
+
+    for result in results:
+        path = Path(result.baseline.run_dir).parent / RESULT_FILE
+        try:
+            with atomic_file(path, binary=False) as f:
+                json.dump(result.to_dict(), f, indent=2)
+        except OSError as e:
+            raise CliError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _ranks(args: argparse.Namespace, run_dir: Any, lay: Any) -> list[int | None]:

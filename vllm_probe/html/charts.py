@@ -512,6 +512,8 @@ def _whiskers(p: Any, pts: list[Any], name: str, key: str, color: str) -> None:
                                  "lo": [pt.intervals[name].lo for pt in with_iv],
                                  "hi": [pt.intervals[name].hi for pt in with_iv]})
         p.add_layout(Whisker(source=wsrc, base="x", lower="lo", upper="hi", line_color=color))
+        for end in ("lo", "hi"):  # invisible: the y axis's automatic range takes in whole whiskers
+            p.scatter("x", end, source=wsrc, alpha=0)
 
 
 def _recommended_and_slos(p: Any, sweep: Sweep, name: str, key: str, values: list[Any]) -> None:
