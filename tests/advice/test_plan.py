@@ -168,3 +168,37 @@ def test_when_nothing_reaches_a_goal_the_plan_applies_nothing_and_names_the_clos
     assert sorted(p.leaves) == ["preemption-storm", "preemption-thrash"]
     assert p.left_because["preemption-storm"].startswith("no replayed setting reaches its goal; the closest, ")
     assert len(p.alternatives) == 1 and p.alternatives[0].clears == []
+
+
+def test_a_goal_met_only_at_the_recorded_split_of_an_offline_burst_is_not_cleared():
+    """LLM.generate's burst was recorded 1 request before step 0 and 5 before step 1; a rerun
+    may add all 6 before step 0. long_prefill_token_threshold 512 halves the short requests'
+    TTFT at the recorded split only (four long prompts starting together fill the budget with
+    512-token chunks); 256 halves it either way. The plan is 256, and 512 is no alternative."""
+    hol = Finding("head-of-line-blocking", "warning", "")
+    searches = [Search(hol, Goal("ttft_p90", reduce_by=0.5), [], {"long_prefill_token_threshold": [512, 256]})]
+    seen = []
+
+    class Burst(StandIn):
+        def evaluate(self, points, requests=None, subsets=(), keep=None, workload=None):
+            seen.append((workload is not None, [dict(p) for p in points]))
+            at_once = workload is not None and {r.add_before_step for r in workload.requests} == {0}
+            self.all_replays += len(points)
+
+            def ttft(p):
+                cap = p.get("long_prefill_token_threshold")
+                return 0.45 if cap is None else 0.2 if cap <= 256 or not at_once else 0.44
+            return [Evaluation(dict(p), figures={"ttft_p90": ttft(p)}) for p in points]
+
+    ev = Burst(lambda p: {"ttft_p90": 0.45})
+    ev.workload.requests = [SimpleNamespace(anchored=True, add_before_step=0 if i == 0 else 1) for i in range(6)]
+    p = plans.build([hol], searches, ev, time.monotonic() + 60)
+    assert p.settings == {"long_prefill_token_threshold": 256} and p.clears == ["head-of-line-blocking"]
+    assert p.alternatives == []
+    assert (True, [{"long_prefill_token_threshold": 512}, {"long_prefill_token_threshold": 256}]) in seen
+
+    one_step = Burst(lambda p: {"ttft_p90": 0.45})  # a burst recorded before one step: nothing else to try
+    one_step.workload.requests = [SimpleNamespace(anchored=True, add_before_step=0) for _ in range(6)]
+    seen.clear()
+    p = plans.build([hol], searches, one_step, time.monotonic() + 60)
+    assert p.settings == {"long_prefill_token_threshold": 512} and not any(w for w, _ in seen)

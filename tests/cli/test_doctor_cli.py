@@ -122,6 +122,8 @@ def test_without_vllm_the_remedy_is_the_arithmetic_unchecked(tmp_path, monkeypat
     (["doctor", "/nonexistent/run"], 2, "vllm-probe: error: run directory not found: /nonexistent/run"),
     (["doctor", "--jobs", "0", "."], 2, "--jobs must be >= 1"),
     (["doctor", "--no-replay", "--whatif", "."], 2, "--no-replay and --whatif contradict each other"),
+    (["doctor", "--budget", "nan", "."], 2, "--budget must be positive, got nan"),
+    (["doctor", "--out", "/proc/vllm-probe-nope", "."], 2, "vllm-probe: error: --out /proc/vllm-probe-nope: "),
 ])
 def test_bad_usage(args, code, msg, capsys):
     assert cli.main(args) == code

@@ -144,3 +144,19 @@ def test_intervals_cover_reruns_of_a_known_noisy_machine_at_their_stated_rate(tm
     assert all(covered["itl_p90"])
     for name in ("ttft_p90", "queue_p90", "e2e_p90"):
         assert sum(covered[name]) >= 0.8 * len(covered[name]), (name, covered[name])
+
+
+def test_speed_replays_that_could_not_run_widen_by_the_speed_itself():
+    """The doctor's budget stopped the replays at the slowest (×1.3) and fastest (×0.8)
+    tenth's speed: a second moves with the step time, a throughput with its inverse, and the
+    interval says it was taken so, instead of the one-speed interval of a steady machine."""
+    from vllm_probe.sim.intervals import measure_spread
+
+    drift = [(i, f) for i, f in enumerate((0.8, 1.0, 1.3))]
+    base = {"ttft_p90": 2.0, "output_tokens_per_s": 100.0}
+    s = measure_spread(drift, base, {"ttft_p90": 2.0, "output_tokens_per_s": 100.0}, 0.0, lambda f: None)
+    assert s.proportional and s.replays == 2
+    ttft, tput = s.interval("ttft_p90", 2.0), s.interval("output_tokens_per_s", 100.0)
+    assert (round(ttft.lo, 6), round(ttft.hi, 6)) == (1.6, 2.6)
+    assert (round(tput.lo, 4), round(tput.hi, 4)) == (round(100 / 1.3, 4), 125.0)
+    assert "taken as proportional: its replays did not run" in ttft.source

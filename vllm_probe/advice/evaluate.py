@@ -337,7 +337,8 @@ class Evaluator:
             e = e.parent
         return None if e is None or e.deadline is None else time.time() + (e.deadline - time.monotonic())
 
-    def _tasks(self, points: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
+    def _tasks(self, points: Sequence[dict[str, Any]], workload: Any = None,
+               ) -> list[tuple[Any, dict[str, Any]] | tuple[None, str]]:
         from ..sim.engine_args import SettingError
         from ..sim.plan import slug
 
@@ -350,19 +351,21 @@ class Evaluator:
                 continue
             self._count += 1
             name = "baseline" if not point else f"{self._count:04d}-{slug(point)}"
-            out.append((self.plan.task(checked[0], self.out / name, checked=checked), dict(point)))
+            out.append((self.plan.task(checked[0], self.out / name, checked=checked, workload=workload), dict(point)))
         return out
 
     def evaluate(self, points: Sequence[dict[str, Any]], requests: Iterable[str] | None = None,
-                 subsets: Iterable[Iterable[str]] = (), keep: bool | None = None) -> list[Evaluation]:
+                 subsets: Iterable[Iterable[str]] = (), keep: bool | None = None,
+                 workload: Any = None) -> list[Evaluation]:
         """One :class:`Evaluation` per point, in order (a point vLLM refuses: ``error``);
         ``requests``: the subset for :attr:`Evaluation.figures_subset` (default: the
         evaluator's); ``subsets``: more subsets, each measured into
         :attr:`Evaluation.figures_by`; ``keep``: keep these replays' run directories (default:
-        the evaluator's choice)."""
+        the evaluator's choice); ``workload``: the requests to replay instead of the
+        recording's (e.g. :func:`vllm_probe.sim.plan.burst_at_once`'s), same step-time model."""
         subset = tuple(requests) if requests is not None else self.requests
         more = tuple(tuple(sorted(x)) for x in subsets if x)
-        planned = self._tasks(points)
+        planned = self._tasks(points, workload)
         runnable = [t for t, _ in planned if t is not None]
         stop_at = self._stop_at()
         for t in runnable:  # each replay's limit is what is left when it starts, not when the batch was planned

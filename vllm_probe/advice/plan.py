@@ -41,7 +41,7 @@ from ..analysis.doctor.rule import Goal
 from ..analysis.objectives import objective
 from ..schema.engine_settings import BY_NAME, engine_arg_of, serve_flags
 from .descent import descend
-from .evaluate import EvaluateError, Evaluation, Evaluator
+from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator, raise_failed
 from .goals import change_size, goal_label, goal_steps, judged, reference
 from .remedies import Search, cut_or_whole
 from .verdict import TRADEOFFS, CheckedRemedy
@@ -195,7 +195,8 @@ def build(findings: list[Finding], searches: Sequence[Search], evaluator: Evalua
     try:
         base = scope.evaluate([{}], subsets=subsets)[0]
         if not base.ok:
-            raise EvaluateError(base.error or "the baseline did not run")
+            raise_failed(base)  # BaselineStopped when the budget stopped it: the plan is then incomplete
+            raise EvaluateError("the baseline did not run")
         goals = [GoalCheck(s.finding, s.goal, goal_label(s.goal), _recorded_figure(scope, s.goal),
                            base.figure(s.goal.figure, s.goal.requests)) for s in searched]
 
@@ -211,15 +212,18 @@ def build(findings: list[Finding], searches: Sequence[Search], evaluator: Evalua
                         recorded_settings, base, deadline, _seeds(searched), progress)
         replays = scope.all_replays - start_replays + 1
         points = [(p, ev) for p, ev in found.seen.values() if ev.ok]
-        chosen = _verified(_front(points, goals, base, key), points, goals, base, key, scope)
-        plans = [_plan(p, ev, goals, base, findings, scope, recorded_settings, replays, found.complete, still)
+        chosen, stopped = _verified(_front(points, goals, base, key), points, goals, base, key, scope, subsets)
+        complete = found.complete and not stopped
+        plans = [_plan(p, ev, goals, base, findings, scope, recorded_settings, replays, complete, still)
                  for p, ev, still in chosen]
     except EvaluateError as e:
-        return unchecked_plan(findings, f"the plan could not be replayed ({e})")
+        kept = unchecked_plan(findings, f"the plan could not be replayed ({e})")
+        kept.complete = not isinstance(e, BaselineStopped)  # the budget stopped it
+        return kept
     finally:
         evaluator.deadline = None
     plan = plans[0]
-    if not found.complete and not plan.clears:  # the budget stopped it before it reached a goal
+    if not complete and not plan.clears:  # the budget stopped it before it reached a goal
         kept = unchecked_plan(findings, f"the search's time budget ran out after {replays} replay(s)")
         kept.complete = False
         return kept
@@ -261,22 +265,68 @@ def _still_found(scope: Evaluator, p: dict[str, Any]) -> dict[str, str] | None:
 
 def _verified(front: list[tuple[dict[str, Any], Evaluation]], points: list[tuple[dict[str, Any], Evaluation]],
               goals: list[GoalCheck], base: Evaluation, key: Callable[[dict[str, Any], Evaluation], tuple],
-              scope: Evaluator) -> list[tuple[dict[str, Any], Evaluation, dict[str, str] | None]]:
+              scope: Evaluator, subsets: set[tuple[str, ...]] | None = None,
+              ) -> tuple[list[tuple[dict[str, Any], Evaluation, dict[str, str] | None]], bool]:
     """The plans, each with the findings its replay still shows: a goal reached is not a
     finding cleared (the queue 30 % shorter, max_num_seqs may still hold the run back), so
     the best points by ``key`` (up to :data:`MAX_VERIFY`) are diagnosed on their replays and
-    the one clearing the most findings leads."""
+    the one clearing the most findings leads. A run that is an offline burst split across
+    steps 0 and 1 by ``LLM.generate``'s race is replayed again with the burst added at once
+    (:func:`~vllm_probe.sim.plan.burst_at_once`): a goal met only at the recorded split is
+    not cleared, since a rerun of the plan may split it either way. Returns the plans and
+    whether the budget stopped one of those replays."""
     ranked = sorted(points, key=lambda pe: key(*pe))
     pool = [pe for pe in ranked[:MAX_VERIFY] if any(g.met(pe[1], base) for g in goals)]
+    at_once, stopped = _at_once(pool, goals, base, scope, subsets or set())
     checked = []
-    for p, ev in pool:
+    for (p, ev), race in zip(pool, at_once):
         still = _still_found(scope, p)
+        if race:
+            still = {**(still or {}), **race}
         cleared = sum(g.met(ev, base) and (still is None or g.finding.id not in still) for g in goals)
         checked.append((-cleared, key(p, ev), p, ev, still))
     checked.sort(key=lambda c: (c[0], c[1]))
     lead = [(c[2], c[3], c[4]) for c in checked[:1]] or [(*front[0], None)]
-    rest = [(p, ev, None) for p, ev in front if all(p != q for q, _, _ in lead)]
-    return lead + rest[:MAX_PLANS - 1]
+    verified: dict[tuple, tuple[int | None, dict[str, str] | None]] = {
+        _key(c[2]): (-c[0], c[4]) for c in checked}  # point -> (findings cleared, still shown)
+    rest = []
+    for p, ev in front:
+        n_cleared, shown = verified.get(_key(p), (None, None))
+        if all(p != q for q, _, _ in lead) and n_cleared != 0:  # a point shown to clear nothing is no plan
+            rest.append((p, ev, shown))
+    return lead + rest[:MAX_PLANS - 1], stopped
+
+
+def _key(p: dict[str, Any]) -> tuple:
+    return tuple(sorted(p.items()))
+
+
+def _at_once(pool: list[tuple[dict[str, Any], Evaluation]], goals: list[GoalCheck], base: Evaluation,
+             scope: Evaluator, subsets: set[tuple[str, ...]]) -> tuple[list[dict[str, str]], bool]:
+    """Per point of ``pool``, the goals it meets at the recorded split of an offline burst
+    but not with the burst added at once, or not known to (that replay did not run):
+    ``{finding id: why}`` (empty when the run is no split burst, or the point meets them
+    both ways); and whether the budget stopped one of those replays."""
+    from ..sim.plan import burst_at_once
+
+    other = burst_at_once(scope.workload) if pool else None
+    if other is None:
+        return [{} for _ in pool], False
+    recorded = sorted({r.add_before_step for r in scope.workload.requests if r.anchored})
+    split = ", ".join(f"{sum(r.anchored and r.add_before_step == k for r in scope.workload.requests)} before step {k}"
+                      for k in recorded)
+    n = sum(r.anchored for r in other.requests)
+    evs = scope.evaluate([p for p, _ in pool], subsets=subsets, workload=other)
+    out = []
+    at = (f"with the burst added at once ({n} requests before step {recorded[0]}, as another run of the same "
+          f"LLM.generate call may add them; recorded: {split})")
+    for (_, ev), alt in zip(pool, evs):
+        if not alt.ok:  # not known to hold in a rerun: not claimed
+            out.append({g.finding.id: f"not replayed {at}: {alt.error}" for g in goals if g.met(ev, base)})
+            continue
+        out.append({g.finding.id: f"{at}, {g.label} {_num(g.value(alt))} against the goal {_num(g.target)}"
+                    for g in goals if g.met(ev, base) and not g.met(alt, base)})
+    return out, any(alt.stopped_at is not None for alt in evs)
 
 
 def _text(p: dict[str, Any]) -> str:

@@ -210,12 +210,11 @@ def search(findings: list[Finding], evaluator: Evaluator, budget_s: float = DEFA
             try:
                 measure_reference(s, ev)
                 _search_one(s, ev, recorded, deadline, progress)
+                conclude(s, ev, recorded)  # a wider stretch's baseline may be replayed here, past the deadline too
             except EvaluateError as e:  # the baseline of the run (or stretch) cannot be replayed
                 s.complete = not isinstance(e, BaselineStopped)
                 s.finding.predicted = Prediction(error=_baseline_failed(e, ev, budget_s), complete=s.complete)
                 unchecked([s.finding])
-                continue
-            conclude(s, ev, recorded)
     finally:
         evaluator.deadline = None
     return searches

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from pathlib import Path
 
 from ..analysis.doctor import examine
 from ..runs.rundir import resolve_run_dir
@@ -84,8 +85,13 @@ def main(args: argparse.Namespace) -> int:
         raise CliError(f"--jobs must be >= 1, got {args.jobs}")
     if args.no_replay and args.whatif:
         raise CliError("--no-replay and --whatif contradict each other")
-    if args.budget is not None and args.budget <= 0:
+    if args.budget is not None and not args.budget > 0:  # nan too
         raise CliError(f"--budget must be positive, got {args.budget:g}")
+    if args.out:
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CliError(f"--out {args.out}: {e.strerror or e}") from None
     profile_args.check(args)
     if args.no_replay and (args.profile or args.no_profile or args.force):
         raise CliError("--profile, --no-profile and --force choose the replay's step-time model: not with --no-replay")

@@ -76,6 +76,9 @@ class Spread:
             speed range (0: inside).
         baseline_extrapolated: the baseline replay's extrapolated share (0..1).
         replays: the replays this cost (0 or 2).
+        proportional: the replays at the slowest and fastest speed could not run (the
+            doctor's budget ran out): each figure is taken to move with the speed, seconds
+            by its factor and throughput by its inverse, queueing's faster growth not seen.
     """
 
     speed: tuple[float, float] = (1.0, 1.0)
@@ -83,6 +86,7 @@ class Spread:
     model: dict[str, float] = field(default_factory=dict)
     baseline_extrapolated: float = 0.0
     replays: int = 0
+    proportional: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """``{"speed": [slowest, fastest], "replays", "model": {figure: share}}``."""
@@ -102,7 +106,8 @@ class Spread:
         hi = value * high * (1.0 + m) * (1.0 + x)
         parts = []
         if self.replays:
-            parts.append(f"speed ×{self.speed[1]:.2f}–{self.speed[0]:.2f} (the recording's tenths)")
+            parts.append(f"speed ×{self.speed[1]:.2f}–{self.speed[0]:.2f} (the recording's tenths"
+                         + ("; taken as proportional: its replays did not run)" if self.proportional else ")"))
         if m:
             parts.append(f"model ±{m * 100:.0f} % (the recording beyond the baseline's speed range)")
         if x:
@@ -140,7 +145,7 @@ def measure_spread(drift: list[tuple[int, float]], baseline: dict[str, float | N
         recorded: the recording's figures.
         baseline_extrapolated: the baseline's extrapolated share.
         replay_at: replays the baseline with every step time multiplied by a factor and
-            returns its figures (None: it could not run).
+            returns its figures (None: it could not run; then :attr:`Spread.proportional`).
     """
     slow, fast = speed_range(drift)
     spread = Spread((slow, fast), baseline_extrapolated=baseline_extrapolated or 0.0)
@@ -153,6 +158,11 @@ def measure_spread(drift: list[tuple[int, float]], baseline: dict[str, float | N
                 a, b = at_slow.get(name), at_fast.get(name)
                 if v and a is not None and b is not None:
                     spread.response[name] = (a / v, b / v)
+        else:  # not the machine's steady speed: a figure moves at least as its step times do
+            spread.proportional = True
+            for name in TIMED:
+                per_s = OBJECTIVES[name].unit == "tokens/s"
+                spread.response[name] = (1 / slow, 1 / fast) if per_s else (slow, fast)
     for name in TIMED:
         v, r = baseline.get(name), recorded.get(name)
         if not v or r is None:

@@ -186,6 +186,24 @@ def unanchored(w: Workload) -> Workload:
     return w
 
 
+def burst_at_once(w: Workload) -> Workload | None:
+    """``w`` with its offline burst added before one step: every request anchored to steps
+    0-1 (:func:`~vllm_probe.analysis.workload.availability_windows`) added before the first,
+    as another run of the same ``LLM.generate`` call can find them (its race with the front
+    end split the recorded burst, e.g. 1 request before step 0 and 5 before step 1; a rerun
+    may see all 6 before step 0). None when the burst was added before one step already."""
+    anchored = [r for r in w.requests if r.anchored]
+    first = min((r.add_before_step for r in anchored), default=0)
+    if len({r.add_before_step for r in anchored}) < 2:
+        return None
+    w = copy.copy(w)
+    w.requests = [copy.copy(r) for r in w.requests]
+    for r in w.requests:
+        if r.anchored:
+            r.add_before_step = first
+    return w
+
+
 def step_time_model(run_dir: str | Path, w: Workload, profile: str | Path | Profile | bool | None = None,
                     force: bool = False) -> StepTimeChoice:
     """The step-time model of the replays of the run in ``run_dir`` (workload ``w``): a

@@ -212,6 +212,8 @@ def plan_block(plan: Any, run_dir: str) -> RenderableType:
         rows.append(("", Text("vllm serve MODEL " + " ".join(plan.flags), style="dim")))
         rows.append(("", Text("LLM(MODEL, " + ", ".join(f"{k}={v!r}" for k, v in plan.engine_args.items()) + ")",
                               style="dim")))
+    elif not plan.leaves and not plan.clears:
+        rows.append(("apply", Text("nothing: no warning or critical finding to clear", style="dim")))
     else:
         rows.append(("apply", Text("nothing: no setting the replay tried reaches a goal", style="yellow")))
     if plan.conflict:
@@ -233,6 +235,10 @@ def plan_block(plan: Any, run_dir: str) -> RenderableType:
             elif direction == "worse" and mech:
                 line.append(f"  ({mech})", style="dim")
             rows.append((direction, line))
+    same = [label for label, f in plan.predicted.items()
+            if not f.goal and f.direction == "unchanged" and label not in BY_NAME]
+    if same:
+        rows.append(("unchanged", Text(", ".join(same))))
     for c in plan.cost:
         rows.append(("cost", Text(c)))
     for i, cmd in enumerate(plan.rerun):
