@@ -40,7 +40,7 @@ from ..analysis.doctor.plan import Plan, PlanFigure
 from ..analysis.doctor.rule import Goal
 from ..analysis.objectives import objective
 from ..schema.engine_settings import BY_NAME, engine_arg_of, serve_flags
-from .descent import descend
+from .descent import descend, point_key
 from .evaluate import BaselineStopped, EvaluateError, Evaluation, Evaluator, raise_failed
 from .goals import change_size, goal_label, goal_steps, judged, reference
 from .remedies import Search, cut_or_whole
@@ -193,10 +193,8 @@ def build(findings: list[Finding], searches: Sequence[Search], evaluator: Evalua
     subsets |= {tuple(sorted(ids)) for s in searched for _, ids in s.goal.watch if ids}
     evaluator.deadline = deadline
     try:
-        base = scope.evaluate([{}], subsets=subsets)[0]
-        if not base.ok:
-            raise_failed(base)  # BaselineStopped when the budget stopped it: the plan is then incomplete
-            raise EvaluateError("the baseline did not run")
+        # BaselineStopped when the budget stopped it: the plan is then incomplete
+        base = raise_failed(scope.evaluate([{}], subsets=subsets)[0])
         goals = [GoalCheck(s.finding, s.goal, goal_label(s.goal), _recorded_figure(scope, s.goal),
                            base.figure(s.goal.figure, s.goal.requests)) for s in searched]
 
@@ -288,17 +286,13 @@ def _verified(front: list[tuple[dict[str, Any], Evaluation]], points: list[tuple
     checked.sort(key=lambda c: (c[0], c[1]))
     lead = [(c[2], c[3], c[4]) for c in checked[:1]] or [(*front[0], None)]
     verified: dict[tuple, tuple[int | None, dict[str, str] | None]] = {
-        _key(c[2]): (-c[0], c[4]) for c in checked}  # point -> (findings cleared, still shown)
+        point_key(c[2]): (-c[0], c[4]) for c in checked}  # point -> (findings cleared, still shown)
     rest = []
     for p, ev in front:
-        n_cleared, shown = verified.get(_key(p), (None, None))
+        n_cleared, shown = verified.get(point_key(p), (None, None))
         if all(p != q for q, _, _ in lead) and n_cleared != 0:  # a point shown to clear nothing is no plan
             rest.append((p, ev, shown))
     return lead + rest[:MAX_PLANS - 1], stopped
-
-
-def _key(p: dict[str, Any]) -> tuple:
-    return tuple(sorted(p.items()))
 
 
 def _at_once(pool: list[tuple[dict[str, Any], Evaluation]], goals: list[GoalCheck], base: Evaluation,

@@ -125,8 +125,9 @@ def main(args: argparse.Namespace) -> int:
             raise profile_args.refused(e) from None
         except WhatifError as e:
             raise CliError(str(e), code=EXIT_NO_EVENTS) from None
-    _save(results)
-    _show(args, run_dir, lay.ids, results)
+    objects = [r.to_dict() for r in results]  # the --json object of each: saved, and printed with --json
+    _save(results, objects)
+    _show(args, run_dir, lay.ids, results, objects)
     return 0
 
 
@@ -135,19 +136,20 @@ def main(args: argparse.Namespace) -> int:
 RESULT_FILE = "whatif.json"
 
 
-def _save(results: list[Any]) -> None:
-    """Each result's ``--json`` object as ``RESULT_FILE`` in the folder its replays went to
-    (``--out``, its ``rank<N>`` folder, or the default ``RUN_DIR-whatif``), written whole, 0600."""
+def _save(results: list[Any], objects: list[dict[str, Any]]) -> None:
+    """Each result's ``--json`` object (``objects``, in order) as ``RESULT_FILE`` in the folder
+    its replays went to (``--out``, its ``rank<N>`` folder, or the default ``RUN_DIR-whatif``),
+    written whole, 0600."""
     import json
     from pathlib import Path
 
     from ..runs.rundir import atomic_file
 
-    for result in results:
+    for result, obj in zip(results, objects):
         path = Path(result.baseline.run_dir).parent / RESULT_FILE
         try:
             with atomic_file(path, binary=False) as f:
-                json.dump(result.to_dict(), f, indent=2)
+                json.dump(obj, f, indent=2)
         except OSError as e:
             raise CliError(f"cannot write {path}: {e.strerror or e}") from None
 
@@ -166,11 +168,11 @@ def _ranks(args: argparse.Namespace, run_dir: Any, lay: Any) -> list[int | None]
     return list(lay.ids)
 
 
-def _show(args: argparse.Namespace, run_dir: Any, ranks: list[int], results: list[Any]) -> None:
-    """The results on stdout: one report (or ``--json`` object), or a section per rank."""
+def _show(args: argparse.Namespace, run_dir: Any, ranks: list[int], results: list[Any],
+          objects: list[dict[str, Any]]) -> None:
+    """The results on stdout: one report (or ``--json`` object: ``objects``), or a section per rank."""
     if args.json:
-        print_json(results[0].to_dict() if len(results) == 1 else
-                   {"source": str(run_dir), "ranks": [r.to_dict() for r in results]})
+        print_json(objects[0] if len(objects) == 1 else {"source": str(run_dir), "ranks": objects})
         return
     from ..tui.ranks_view import rank_heading
 

@@ -176,11 +176,17 @@ def require_vllm() -> None:
                           "environment (pip install vllm); summary, compare, tail and export work without it")
 
 
+def _requests_copied(w: Workload) -> Workload:
+    """A shallow copy of ``w`` whose requests may be changed without changing ``w``'s."""
+    w = copy.copy(w)
+    w.requests = [copy.copy(r) for r in w.requests]
+    return w
+
+
 def unanchored(w: Workload) -> Workload:
     """``w`` with no request anchored to a step index (a closed-loop client's first
     requests are not an offline burst)."""
-    w = copy.copy(w)
-    w.requests = [copy.copy(r) for r in w.requests]
+    w = _requests_copied(w)
     for r in w.requests:
         r.anchored = False
     return w
@@ -196,8 +202,7 @@ def burst_at_once(w: Workload) -> Workload | None:
     first = min((r.add_before_step for r in anchored), default=0)
     if len({r.add_before_step for r in anchored}) < 2:
         return None
-    w = copy.copy(w)
-    w.requests = [copy.copy(r) for r in w.requests]
+    w = _requests_copied(w)
     for r in w.requests:
         if r.anchored:
             r.add_before_step = first
